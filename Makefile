@@ -1,0 +1,37 @@
+# warmllm — every target installs what it needs into .venv first.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+PRESET ?= tiny
+WEIGHTS ?= Q4_K_M
+MODEL  ?= models/$(PRESET)-$(WEIGHTS).gguf
+export NUMBA_CACHE_DIR ?= $(CURDIR)/.numba_cache
+
+.PHONY: install run test test-oracle bench serve layer model clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+$(MODEL): | $(STAMP)
+	$(PY) -m engine make-model --preset $(PRESET) --weights $(WEIGHTS) --seed 0 --out $(MODEL)
+
+model: $(MODEL)
+
+run: $(STAMP) $(MODEL)
+	$(PY) -m engine generate --model $(MODEL) --prompt "The warm Lambda says" --max-tokens 16 --json
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-oracle: $(STAMP)
+	$(PY) -m pip install -q llama-cpp-python
+	$(PY) -m pytest -q -m oracle
+
+clean:
+	rm -rf $(VENV) .numba_cache models/*.gguf
