@@ -1,0 +1,76 @@
+"""Gated full attention pieces: rotary embedding (NEOX pairing, Qwen3.5's interleaved
+multi-section layout reduced to text positions) and causal GQA attention over the KV cache,
+computed in query blocks so memory stays bounded (never T×T for long prompts)."""
+from __future__ import annotations
+
+import numpy as np
+
+# Bound on one block of attention scores, in floats (64 MiB).
+SCORE_BLOCK_FLOATS = 16 * 1024 * 1024
+
+
+def rope_angles(positions: np.ndarray, n_rot: int, base: float, sections: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin of shape (T, n_rot/2) for pair i (dims i and i + n_rot/2).
+
+    Interleaved M-RoPE assigns each pair to the t/h/w/e position stream; text uses the same
+    position for t, h and w and 0 for e, so pairs falling in the e stream do not rotate.
+    """
+    half = n_rot // 2
+    inv = (np.float32(base) ** (-2.0 * np.arange(half, dtype=np.float32) / np.float32(n_rot))).astype(np.float32)
+    uses_pos = np.ones(half, dtype=bool)
+    if sections and any(sections):
+        total = sum(sections)
+        for i in range(half):
+            s = i % total
+            uses_pos[i] = (
+                (s % 3 == 0 and s < 3 * sections[0])
+                or (s % 3 == 1 and s < 3 * sections[1])
+                or (s % 3 == 2 and s < 3 * sections[2])
+            )
+    ang = positions.astype(np.float32)[:, None] * inv[None, :]
+    ang = np.where(uses_pos[None, :], ang, 0.0)
+    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+
+
+def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Rotate the first n_rot dims of x (T, H, head_dim) in NEOX pairs; the rest pass through."""
+    half = cos.shape[1]
+    out = x.copy()
+    a = x[..., :half]
+    b = x[..., half:2 * half]
+    c = cos[:, None, :]
+    s = sin[:, None, :]
+    out[..., :half] = a * c - b * s
+    out[..., half:2 * half] = b * c + a * s
+    return out
+
+
+def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int, scale: float) -> np.ndarray:
+    """q (T, H, d) for positions start..start+T-1; k, v (H_kv, n, d) with n = start + T.
+
+    Query head h reads KV head h // (H / H_kv) (grouped, as ggml broadcasts).
+    Returns (T, H, d).
+    """
+    T, H, d = q.shape
+    H_kv, n, _ = k.shape
+    group = H // H_kv
+    out = np.empty((T, H, d), dtype=np.float32)
+    block = max(1, min(T, SCORE_BLOCK_FLOATS // max(1, group * n)))
+    for kv in range(H_kv):
+        qh = q[:, kv * group:(kv + 1) * group, :]  # (T, group, d)
+        for t0 in range(0, T, block):
+            t1 = min(T, t0 + block)
+            n_keys = start + t1  # causal: later keys are never needed for this block
+            qb = np.ascontiguousarray(qh[t0:t1]).reshape(-1, d)  # ((t1-t0)*group, d)
+            scores = (qb @ k[kv, :n_keys].T) * np.float32(scale)
+            scores = scores.reshape(t1 - t0, group, n_keys)
+            pos = start + np.arange(t0, t1)
+            mask = np.arange(n_keys)[None, :] > pos[:, None]
+            scores[np.broadcast_to(mask[:, None, :], scores.shape)] = -np.inf
+            scores -= scores.max(axis=-1, keepdims=True)
+            np.exp(scores, out=scores)
+            scores /= scores.sum(axis=-1, keepdims=True)
+            out[t0:t1, kv * group:(kv + 1) * group, :] = (
+                scores.reshape(-1, n_keys) @ v[kv, :n_keys]
+            ).reshape(t1 - t0, group, d)
+    return out

@@ -1,0 +1,327 @@
+"""Qwen3.5 (GGUF architecture `qwen35`): hybrid Gated DeltaNet + gated attention.
+
+Reads top to bottom as llama.cpp's src/models/qwen35.cpp: per layer
+    x += Mixer(RMSNorm(x));  x += FFN(RMSNorm_post(x))
+with every `full_attention_interval`-th layer full attention and the others Gated DeltaNet.
+A forward over T new tokens is matrix products over the whole chunk; T == 1 (decode) runs the
+same functions. Every intermediate has a name; pass `hook(name, layer, array)` to record them.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from engine import attention, deltanet
+from engine.errors import ModelLoadError
+from engine.gguf_file import GGUFFile
+from engine.ops import rms_norm, sigmoid, silu, softplus
+from engine.state import AttentionState, DeltaNetState, State
+from engine.weights import Linear, ScratchBuffer, vector
+
+ARCH = "qwen35"
+Hook = Callable[[str, int, np.ndarray], None]
+
+
+@dataclass(frozen=True)
+class Qwen35Config:
+    n_vocab: int
+    n_embd: int
+    n_layer: int
+    n_ff: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    rms_eps: float
+    rope_base: float
+    n_rot: int
+    rope_sections: tuple[int, ...]
+    n_ctx_train: int
+    conv_kernel: int
+    d_state: int  # d_k = d_v per DeltaNet head
+    n_k_heads: int  # ssm.group_count
+    n_v_heads: int  # ssm.time_step_rank
+    d_inner: int  # n_v_heads * d_v
+    full_attention_interval: int
+
+    @property
+    def key_dim(self) -> int:
+        return self.n_k_heads * self.d_state
+
+    @property
+    def value_dim(self) -> int:
+        return self.d_inner
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.key_dim + self.value_dim
+
+    def is_recurrent(self, layer: int) -> bool:
+        return (layer + 1) % self.full_attention_interval != 0
+
+    @classmethod
+    def from_gguf(cls, f: GGUFFile) -> "Qwen35Config":
+        p = f"{ARCH}."
+        n_embd = int(f.require(p + "embedding_length"))
+        n_head = int(f.require(p + "attention.head_count"))
+        head_dim = int(f.get(p + "attention.key_length", n_embd // n_head))
+        n_head_kv = f.require(p + "attention.head_count_kv")
+        if isinstance(n_head_kv, list):  # per-layer arrays are allowed by GGUF; take the attention value
+            n_head_kv = max(n_head_kv)
+        sections = f.get(p + "rope.dimension_sections", [])
+        tokens = f.get("tokenizer.ggml.tokens")
+        emb = f.tensor("token_embd.weight")
+        cfg = cls(
+            n_vocab=len(tokens) if tokens else emb.shape[0],
+            n_embd=n_embd,
+            n_layer=int(f.require(p + "block_count")),
+            n_ff=int(f.require(p + "feed_forward_length")),
+            n_head=n_head,
+            n_head_kv=int(n_head_kv),
+            head_dim=head_dim,
+            rms_eps=float(f.require(p + "attention.layer_norm_rms_epsilon")),
+            rope_base=float(f.get(p + "rope.freq_base", 10000.0)),
+            n_rot=int(f.get(p + "rope.dimension_count", head_dim)),
+            rope_sections=tuple(int(s) for s in (sections or [])),
+            n_ctx_train=int(f.get(p + "context_length", 4096)),
+            conv_kernel=int(f.require(p + "ssm.conv_kernel")),
+            d_state=int(f.require(p + "ssm.state_size")),
+            n_k_heads=int(f.require(p + "ssm.group_count")),
+            n_v_heads=int(f.require(p + "ssm.time_step_rank")),
+            d_inner=int(f.require(p + "ssm.inner_size")),
+            full_attention_interval=int(f.get(p + "full_attention_interval", 4)),
+        )
+        if cfg.d_inner != cfg.n_v_heads * cfg.d_state:
+            raise ModelLoadError(
+                f"{f.path}: ssm.inner_size {cfg.d_inner} != time_step_rank {cfg.n_v_heads} × state_size {cfg.d_state}"
+            )
+        if cfg.n_v_heads % cfg.n_k_heads or cfg.n_head % cfg.n_head_kv:
+            raise ModelLoadError(f"{f.path}: head counts do not divide (v {cfg.n_v_heads} / k {cfg.n_k_heads}, "
+                                 f"q {cfg.n_head} / kv {cfg.n_head_kv})")
+        return cfg
+
+
+@dataclass
+class DeltaNetWeights:
+    qkv: Linear
+    gate: Linear  # z
+    beta: Linear
+    alpha: Linear
+    conv: np.ndarray  # (conv_dim, kernel)
+    dt_bias: np.ndarray  # (n_v_heads,)
+    a: np.ndarray  # (n_v_heads,) = -exp(A_log)
+    norm: np.ndarray  # (d_v,)
+    out: Linear
+
+
+@dataclass
+class AttentionWeights:
+    q: Linear  # query and gate interleaved per head
+    k: Linear
+    v: Linear
+    o: Linear
+    q_norm: np.ndarray
+    k_norm: np.ndarray
+
+
+@dataclass
+class LayerWeights:
+    attn_norm: np.ndarray
+    post_norm: np.ndarray
+    mixer: DeltaNetWeights | AttentionWeights
+    ffn_gate: Linear
+    ffn_up: Linear
+    ffn_down: Linear
+
+
+class Qwen35:
+    """The model: weights (views into the mmap) and the forward over a State."""
+
+    def __init__(self, f: GGUFFile) -> None:
+        if f.architecture != ARCH:
+            raise ModelLoadError(f"{f.path}: architecture {f.architecture!r} is not supported; supported: {ARCH}")
+        self.file = f
+        self.config = cfg = Qwen35Config.from_gguf(f)
+        self.scratch = ScratchBuffer()
+
+        def lin(name: str, out_f: int, in_f: int) -> Linear:
+            t = f.tensor(name)
+            if t.shape != (out_f, in_f):
+                raise ModelLoadError(f"{f.path}: tensor {name} has shape {t.shape}, expected {(out_f, in_f)}")
+            return Linear(t, self.scratch)
+
+        def vec(name: str, shape: tuple[int, ...]) -> np.ndarray:
+            t = f.tensor(name)
+            if t.shape != shape:
+                raise ModelLoadError(f"{f.path}: tensor {name} has shape {t.shape}, expected {shape}")
+            return vector(t)
+
+        E = cfg.n_embd
+        self.token_embd = lin("token_embd.weight", cfg.n_vocab, E)
+        self.output_norm = vec("output_norm.weight", (E,))
+        self.output = lin("output.weight", cfg.n_vocab, E) if f.has_tensor("output.weight") else self.token_embd
+        self.tied_output = self.output is self.token_embd
+        self.layers: list[LayerWeights] = []
+        for il in range(cfg.n_layer):
+            b = f"blk.{il}."
+            mixer: DeltaNetWeights | AttentionWeights
+            if cfg.is_recurrent(il):
+                mixer = DeltaNetWeights(
+                    qkv=lin(b + "attn_qkv.weight", cfg.conv_dim, E),
+                    gate=lin(b + "attn_gate.weight", cfg.value_dim, E),
+                    beta=lin(b + "ssm_beta.weight", cfg.n_v_heads, E),
+                    alpha=lin(b + "ssm_alpha.weight", cfg.n_v_heads, E),
+                    conv=vec(b + "ssm_conv1d.weight", (cfg.conv_dim, cfg.conv_kernel)),
+                    dt_bias=vec(b + "ssm_dt.bias", (cfg.n_v_heads,)),
+                    a=vec(b + "ssm_a", (cfg.n_v_heads,)),
+                    norm=vec(b + "ssm_norm.weight", (cfg.d_state,)),
+                    out=lin(b + "ssm_out.weight", E, cfg.value_dim),
+                )
+            else:
+                hd = cfg.head_dim
+                mixer = AttentionWeights(
+                    q=lin(b + "attn_q.weight", 2 * cfg.n_head * hd, E),
+                    k=lin(b + "attn_k.weight", cfg.n_head_kv * hd, E),
+                    v=lin(b + "attn_v.weight", cfg.n_head_kv * hd, E),
+                    o=lin(b + "attn_output.weight", E, cfg.n_head * hd),
+                    q_norm=vec(b + "attn_q_norm.weight", (hd,)),
+                    k_norm=vec(b + "attn_k_norm.weight", (hd,)),
+                )
+            self.layers.append(LayerWeights(
+                attn_norm=vec(b + "attn_norm.weight", (E,)),
+                post_norm=vec(b + "post_attention_norm.weight", (E,)),
+                mixer=mixer,
+                ffn_gate=lin(b + "ffn_gate.weight", cfg.n_ff, E),
+                ffn_up=lin(b + "ffn_up.weight", cfg.n_ff, E),
+                ffn_down=lin(b + "ffn_down.weight", E, cfg.n_ff),
+            ))
+
+    # ---- state ---------------------------------------------------------------------------
+
+    def new_state(self) -> State:
+        cfg = self.config
+        layers: list[DeltaNetState | AttentionState] = []
+        for il in range(cfg.n_layer):
+            if cfg.is_recurrent(il):
+                layers.append(DeltaNetState(
+                    conv=np.zeros((cfg.conv_kernel - 1, cfg.conv_dim), dtype=np.float32),
+                    S=np.zeros((cfg.n_v_heads, cfg.d_state, cfg.d_state), dtype=np.float32),
+                ))
+            else:
+                empty = np.zeros((cfg.n_head_kv, 0, cfg.head_dim), dtype=np.float32)
+                layers.append(AttentionState(empty, empty.copy()))
+        return State(0, layers)
+
+    # ---- forward -------------------------------------------------------------------------
+
+    def forward(self, tokens: np.ndarray, state: State, *, logits: str = "last",
+                hook: Hook | None = None) -> np.ndarray | None:
+        """Run T new tokens through every layer as one batch, advancing `state` in place.
+
+        logits: "last" → (n_vocab,) for the last position; "all" → (T, n_vocab); "none" → None.
+        """
+        tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        cfg = self.config
+        if tokens.size == 0:
+            raise ValueError("forward needs at least one token")
+        if tokens.min() < 0 or tokens.max() >= cfg.n_vocab:
+            bad = int(tokens[(tokens < 0) | (tokens >= cfg.n_vocab)][0])
+            raise ValueError(f"token id {bad} is outside the vocabulary (0..{cfg.n_vocab - 1})")
+        x = self.token_embd.rows(tokens)
+        if hook:
+            hook("model.input_embed", -1, x)
+        start = state.n_tokens
+        for il, lw in enumerate(self.layers):
+            h = rms_norm(x, lw.attn_norm, cfg.rms_eps)
+            if hook:
+                hook("attn_norm", il, h)
+            if isinstance(lw.mixer, DeltaNetWeights):
+                h = self._deltanet(lw.mixer, h, state.layers[il], il, hook)
+            else:
+                h = self._attention(lw.mixer, h, state.layers[il], start, il, hook)
+            x = x + h
+            if hook:
+                hook("attn_residual", il, x)
+            h = rms_norm(x, lw.post_norm, cfg.rms_eps)
+            h = lw.ffn_down(silu(lw.ffn_gate(h)) * lw.ffn_up(h))
+            if hook:
+                hook("ffn_out", il, h)
+            x = x + h
+            if hook:
+                hook("l_out", il, x)
+        state.n_tokens = start + tokens.size
+        if logits == "none":
+            return None
+        if logits == "last":
+            x = x[-1:]
+        h = rms_norm(x, self.output_norm, cfg.rms_eps)
+        if hook:
+            hook("result_norm", -1, h)
+        out = self._lm_head(h)
+        return out[0] if logits == "last" else out
+
+    def _lm_head(self, h: np.ndarray) -> np.ndarray:
+        # Row blocks keep the dequantized head bounded when all positions are asked for.
+        if h.shape[0] == 1:
+            return self.output(h)
+        return np.concatenate([self.output(h[i:i + 1]) for i in range(h.shape[0])], axis=0)
+
+    def _deltanet(self, w: DeltaNetWeights, x: np.ndarray, st: DeltaNetState, il: int,
+                  hook: Hook | None) -> np.ndarray:
+        cfg = self.config
+        T = x.shape[0]
+        qkv = w.qkv(x)
+        z = w.gate(x)
+        beta = sigmoid(w.beta(x))
+        g = softplus(w.alpha(x) + w.dt_bias) * w.a  # log-decay per value head, ≤ 0
+        conv, st.conv = deltanet.causal_conv1d(qkv, st.conv, w.conv)
+        conv = silu(conv)
+        if hook:
+            hook("conv_output_silu", il, conv)
+        kd = cfg.key_dim
+        q = conv[:, :kd].reshape(T, cfg.n_k_heads, cfg.d_state)
+        k = conv[:, kd:2 * kd].reshape(T, cfg.n_k_heads, cfg.d_state)
+        v = conv[:, 2 * kd:].reshape(T, cfg.n_v_heads, cfg.d_state)
+        q = deltanet.l2_normalize(q, cfg.rms_eps) * np.float32(1.0 / math.sqrt(cfg.d_state))
+        k = deltanet.l2_normalize(k, cfg.rms_eps)
+        if cfg.n_v_heads != cfg.n_k_heads:  # tiled: value head h reads key head h % n_k_heads
+            reps = cfg.n_v_heads // cfg.n_k_heads
+            q = np.tile(q, (1, reps, 1))
+            k = np.tile(k, (1, reps, 1))
+        if T == 1:
+            o, st.S = deltanet.gated_delta_step(q, k, v, g, beta, st.S)
+        else:
+            o, st.S = deltanet.gated_delta_chunked(q, k, v, g, beta, st.S)
+        if hook:
+            hook("delta_out", il, o)
+        o = rms_norm(o, w.norm, cfg.rms_eps) * silu(z.reshape(T, cfg.n_v_heads, cfg.d_state))
+        out = w.out(o.reshape(T, cfg.value_dim))
+        if hook:
+            hook("linear_attn_out", il, out)
+        return out
+
+    def _attention(self, w: AttentionWeights, x: np.ndarray, st: AttentionState, start: int, il: int,
+                   hook: Hook | None) -> np.ndarray:
+        cfg = self.config
+        T, hd = x.shape[0], cfg.head_dim
+        qg = w.q(x).reshape(T, cfg.n_head, 2 * hd)
+        q = rms_norm(qg[..., :hd], w.q_norm, cfg.rms_eps)
+        gate = qg[..., hd:].reshape(T, cfg.n_head * hd)
+        k = rms_norm(w.k(x).reshape(T, cfg.n_head_kv, hd), w.k_norm, cfg.rms_eps)
+        v = w.v(x).reshape(T, cfg.n_head_kv, hd)
+        cos, sin = attention.rope_angles(np.arange(start, start + T), cfg.n_rot, cfg.rope_base, list(cfg.rope_sections))
+        q = attention.apply_rope(q, cos, sin)
+        k = attention.apply_rope(k, cos, sin)
+        st.reserve(start + T, start)
+        st.k[:, start:start + T] = np.swapaxes(k, 0, 1)
+        st.v[:, start:start + T] = np.swapaxes(v, 0, 1)
+        n = start + T
+        a = attention.causal_attention(q, st.k[:, :n], st.v[:, :n], start, 1.0 / math.sqrt(hd))
+        if hook:
+            hook("attn_pregate", il, a)
+        out = w.o(a.reshape(T, cfg.n_head * hd) * sigmoid(gate))
+        if hook:
+            hook("attn_output", il, out)
+        return out

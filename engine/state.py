@@ -1,0 +1,95 @@
+"""Per-sequence model state: what a snapshot stores and a session keeps warm.
+
+DeltaNet layers hold the conv tail (kernel-1 rows of qkv) and the recurrent matrix S per
+value head; attention layers hold K and V for every position so far. Plain data: it can be
+copied, compared, sliced to a prefix (attention only) and serialized.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class DeltaNetState:
+    conv: np.ndarray  # (d_conv - 1, conv_dim) f32: last inputs of the causal conv
+    S: np.ndarray  # (n_v_heads, d_k, d_v) f32
+
+    def copy(self) -> "DeltaNetState":
+        return DeltaNetState(self.conv.copy(), self.S.copy())
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.conv.nbytes + self.S.nbytes)
+
+
+@dataclass
+class AttentionState:
+    """K/V with spare capacity; only the first `n` positions (State.n_tokens) are valid."""
+
+    k: np.ndarray  # (n_kv_heads, capacity, head_dim) f32
+    v: np.ndarray  # (n_kv_heads, capacity, head_dim) f32
+
+    @property
+    def capacity(self) -> int:
+        return int(self.k.shape[1])
+
+    def reserve(self, n: int, used: int) -> None:
+        if n <= self.capacity:
+            return
+        cap = max(n, 2 * self.capacity, 64)
+        for name in ("k", "v"):
+            old = getattr(self, name)
+            new = np.empty((old.shape[0], cap, old.shape[2]), dtype=np.float32)
+            new[:, :used] = old[:, :used]
+            setattr(self, name, new)
+
+    def copy(self, n: int) -> "AttentionState":
+        return AttentionState(self.k[:, :n].copy(), self.v[:, :n].copy())
+
+    def nbytes_used(self, n: int) -> int:
+        return int(2 * self.k.shape[0] * n * self.k.shape[2] * 4)
+
+
+LayerState = DeltaNetState | AttentionState
+
+
+@dataclass
+class State:
+    n_tokens: int
+    layers: list[LayerState] = field(default_factory=list)
+
+    def copy(self) -> "State":
+        """An independent copy holding exactly n_tokens positions (no spare KV capacity)."""
+        return State(
+            self.n_tokens,
+            [l.copy(self.n_tokens) if isinstance(l, AttentionState) else l.copy() for l in self.layers],
+        )
+
+    @property
+    def nbytes(self) -> int:
+        return sum(
+            l.nbytes_used(self.n_tokens) if isinstance(l, AttentionState) else l.nbytes
+            for l in self.layers
+        )
+
+    def max_abs_diff(self, other: "State") -> float:
+        """Largest elementwise difference over every array (inf when shapes differ)."""
+        if self.n_tokens != other.n_tokens or len(self.layers) != len(other.layers):
+            return float("inf")
+        worst = 0.0
+        n = self.n_tokens
+        for a, b in zip(self.layers, other.layers):
+            if type(a) is not type(b):
+                return float("inf")
+            pairs = (
+                [(a.k[:, :n], b.k[:, :n]), (a.v[:, :n], b.v[:, :n])]
+                if isinstance(a, AttentionState) else [(a.conv, b.conv), (a.S, b.S)]
+            )
+            for x, y in pairs:
+                if x.shape != y.shape:
+                    return float("inf")
+                if x.size:
+                    worst = max(worst, float(np.max(np.abs(x - y))))
+        return worst

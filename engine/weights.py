@@ -1,0 +1,82 @@
+"""A weight matrix in its stored format and the one way the model multiplies by it.
+
+`Linear(x)` with x of shape (T, in): T == 1 runs the quantized matrix-vector kernel (decode
+reads each weight byte once); T > 1 dequantizes the whole matrix into a reused f32 buffer and
+calls BLAS (`X @ W.T`), which measured faster here than numba int8 block kernels.
+F32 weights are used straight from the mmap in both cases.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from gguf import GGMLQuantizationType
+
+from engine.gguf_file import TensorView
+from engine.quant import formats, kernels
+
+
+@dataclass
+class ScratchBuffer:
+    """One f32 buffer shared by every Linear of a model for prefill dequantization."""
+
+    data: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.float32))
+
+    def take(self, rows: int, cols: int) -> np.ndarray:
+        n = rows * cols
+        if self.data.size < n:
+            self.data = np.empty(n, dtype=np.float32)
+        return self.data[:n].reshape(rows, cols)
+
+
+class Linear:
+    """y = x @ W.T for W stored as (out_features rows, in_features cols) in any weight format."""
+
+    def __init__(self, view: TensorView, scratch: ScratchBuffer) -> None:
+        if len(view.shape) != 2:
+            raise ValueError(f"tensor {view.name} has shape {view.shape}; a matrix needs 2 dims")
+        self.name = view.name
+        self.qtype = view.qtype
+        self.out_features, self.in_features = view.shape
+        self.raw = view.data
+        self._scratch = scratch
+        self._f32 = (
+            view.data.view(np.float32).reshape(view.shape)
+            if view.qtype == GGMLQuantizationType.F32 else None
+        )
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.raw.nbytes)
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        if self._f32 is not None:
+            return x @ self._f32.T
+        if x.shape[0] == 1:
+            out = np.empty((1, self.out_features), dtype=np.float32)
+            kernels.matvec(self.qtype, self.raw, x[0], out[0])
+            return out
+        w = self._scratch.take(self.out_features, self.in_features)
+        kernels.dequantize_rows_into(self.qtype, self.raw, w)
+        return x @ w.T
+
+    def rows(self, ids: np.ndarray) -> np.ndarray:
+        """Dequantized rows `ids` (an embedding lookup), shape (len(ids), in_features)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if self._f32 is not None:
+            return self._f32[ids].astype(np.float32, copy=True)
+        return formats.dequantize(self.raw[ids], self.qtype, (len(ids), self.in_features))
+
+    def dense(self) -> np.ndarray:
+        """The whole matrix in f32 (tests and small tensors only)."""
+        if self._f32 is not None:
+            return np.array(self._f32)
+        return formats.dequantize(self.raw, self.qtype, (self.out_features, self.in_features))
+
+
+def vector(view: TensorView) -> np.ndarray:
+    """A 1-D (or small) tensor such as a norm weight, as f32."""
+    if view.qtype == GGMLQuantizationType.F32:
+        return np.array(view.data.view(np.float32).reshape(view.shape))
+    return formats.dequantize(view.data.reshape(-1), view.qtype, view.shape)

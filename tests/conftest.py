@@ -1,0 +1,40 @@
+"""Shared fixtures: factory models built once per test session (tiny builds in well under 1 s)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("NUMBA_CACHE_DIR", str(Path(__file__).resolve().parents[1] / ".numba_cache"))
+os.environ.setdefault("WARMLLM_THREADS", "2")
+
+
+@pytest.fixture(scope="session")
+def model_factory(tmp_path_factory):
+    """make(preset="tiny", weights="F32", seed=0, head=None) → path, cached per arguments."""
+    from engine.testing.factory import make_model
+
+    root = tmp_path_factory.mktemp("models")
+    built: dict[tuple, Path] = {}
+
+    def make(preset: str = "tiny", weights: str = "F32", seed: int = 0, head: str | None = None) -> Path:
+        key = (preset, weights, seed, head)
+        if key not in built:
+            tied = None if head is None else head == "tied"
+            built[key] = make_model(root / f"{preset}-{weights}-{seed}-{head}.gguf", preset, weights, seed, tied)
+        return built[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path(model_factory) -> Path:
+    return model_factory("tiny", "F32")
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tiny_model_path):
+    from engine.generate import Engine
+
+    return Engine.load(str(tiny_model_path))
