@@ -1,0 +1,165 @@
+"""Chat templates: OpenAI-style messages -> the prompt text a model was trained on.
+
+GGUF files carry their chat template as Jinja source (``tokenizer.chat_template``), written
+for HuggingFace transformers' ``apply_chat_template``. We render it with ``jinja2`` -- the
+language *is* Jinja, so a re-implementation would only be a less faithful copy -- in the same
+kind of environment transformers uses: ``ImmutableSandboxedEnvironment`` (templates come
+from model files, so they must not reach Python internals or mutate our data),
+``trim_blocks`` / ``lstrip_blocks``, the ``loopcontrols`` extension, a ``tojson`` filter with
+transformers' signature and output (``ensure_ascii=False``, no HTML escaping), and the globals
+``raise_exception`` and ``strftime_now``.
+
+Before rendering, messages are normalised the way OpenAI clients send them and Qwen's
+template expects them:
+
+- ``content`` given as a list of text parts (``[{"type": "text", "text": ...}]``) becomes one
+  string; any other part type is a :class:`TemplateError` naming the message.
+- assistant ``tool_calls[*].function.arguments`` given as a JSON string (OpenAI's wire form)
+  is parsed into a dict, because the template iterates the arguments as a mapping.
+
+The caller's messages are never modified.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+import jinja2
+import jinja2.ext
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+__all__ = ["ChatTemplate", "TemplateError", "normalise_messages"]
+
+
+class TemplateError(ValueError):
+    """The chat template cannot be compiled or rendered for these messages."""
+
+
+def _raise_exception(message: str) -> None:
+    raise TemplateError(str(message))
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    # transformers' filter: json.dumps with these defaults, returned as plain text.
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent,
+                      separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+def _content_text(content: Any, index: int) -> Any:
+    """A message's content as the template should see it: str or None."""
+    if content is None or isinstance(content, str):
+        return content
+    if isinstance(content, Sequence) and not isinstance(content, (bytes, bytearray)):
+        texts = []
+        for j, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
+            if kind != "text" or not isinstance(part.get("text"), str):
+                raise TemplateError(
+                    f"messages[{index}].content[{j}] is a {kind!r} part; only text parts "
+                    "({'type': 'text', 'text': ...}) are supported"
+                )
+            texts.append(part["text"])
+        return "".join(texts)
+    raise TemplateError(
+        f"messages[{index}].content must be a string, null or a list of text parts, "
+        f"not {type(content).__name__}"
+    )
+
+
+def _tool_calls(calls: Any, index: int) -> Any:
+    if not isinstance(calls, Sequence) or isinstance(calls, (str, bytes)):
+        return calls
+    out = []
+    for j, call in enumerate(calls):
+        if not isinstance(call, Mapping):
+            raise TemplateError(f"messages[{index}].tool_calls[{j}] must be an object")
+        call = dict(call)
+        holder = call
+        if isinstance(call.get("function"), Mapping):
+            holder = call["function"] = dict(call["function"])
+        args = holder.get("arguments")
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except json.JSONDecodeError as e:
+                raise TemplateError(
+                    f"messages[{index}].tool_calls[{j}].function.arguments is not valid JSON: {e}"
+                ) from None
+            if not isinstance(args, dict):
+                raise TemplateError(
+                    f"messages[{index}].tool_calls[{j}].function.arguments must be a JSON "
+                    f"object, not {type(args).__name__}"
+                )
+            holder["arguments"] = args
+        out.append(call)
+    return out
+
+
+def normalise_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Copies of ``messages`` with text-part content joined and tool-call arguments parsed."""
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
+        raise TemplateError(f"messages must be a list of objects, not {type(messages).__name__}")
+    out = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, Mapping):
+            raise TemplateError(f"messages[{i}] must be an object, not {type(message).__name__}")
+        m = dict(message)
+        if "content" in m:
+            m["content"] = _content_text(m["content"], i)
+        if m.get("tool_calls") is not None:
+            m["tool_calls"] = _tool_calls(m["tool_calls"], i)
+        out.append(m)
+    return out
+
+
+def _environment() -> ImmutableSandboxedEnvironment:
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True,
+        lstrip_blocks=True,
+        extensions=[jinja2.ext.loopcontrols],
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env
+
+
+class ChatTemplate:
+    """A compiled chat template. ``TemplateError`` if ``source`` is not valid Jinja."""
+
+    def __init__(self, source: str) -> None:
+        if not isinstance(source, str) or not source.strip():
+            raise TemplateError("chat template source is empty")
+        self.source = source
+        try:
+            self._template = _environment().from_string(source)
+        except jinja2.TemplateSyntaxError as e:
+            raise TemplateError(f"chat template does not compile: {e.message} (line {e.lineno})") from None
+
+    def render(
+        self,
+        messages: list[dict],
+        tools: list[dict] | None = None,
+        add_generation_prompt: bool = True,
+        **kwargs: Any,
+    ) -> str:
+        """The prompt text. Extra kwargs (``enable_thinking=False`` ...) go to the template."""
+        context = dict(kwargs)
+        context["messages"] = normalise_messages(messages)
+        context["tools"] = list(tools) if tools is not None else None
+        context["add_generation_prompt"] = add_generation_prompt
+        try:
+            return self._template.render(**context)
+        except TemplateError:
+            raise
+        except jinja2.TemplateError as e:  # includes the sandbox's SecurityError
+            raise TemplateError(f"chat template failed: {e.message or type(e).__name__}") from None
+        except (TypeError, ValueError, AttributeError, KeyError, IndexError, RecursionError) as e:
+            raise TemplateError(f"chat template failed: {type(e).__name__}: {e}") from None
