@@ -1,0 +1,131 @@
+"""Where the GGUF comes from: ``MODEL_PATH`` (EFS, baked into the image, local) or ``MODEL_S3_URI``.
+
+``MODEL_PATH`` wins when set. ``MODEL_S3_URI`` (``s3://bucket/key.gguf``) is downloaded once to
+``MODEL_DIR`` (default ``/tmp/warmllm-models``) with progress lines in the log; the download
+goes to ``<file>.part`` and is renamed only when complete, and a ``<file>.source.json`` marker
+records the S3 object's size and ETag. A later cold start in the same execution environment
+(or a warm /tmp) skips the download when the file's size and the marker match the object's
+current ``HeadObject``; a changed object (new ETag) is downloaded again.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from urllib.parse import urlparse
+
+from .request_log import emit
+
+PROGRESS_EVERY_S = 2.0
+
+
+class ModelSourceError(RuntimeError):
+    pass
+
+
+@dataclass
+class ResolvedModel:
+    path: str
+    source: str                 # "path" | "s3"
+    uri: str
+    download_ms: float = 0.0
+    downloaded: bool = False
+    bytes: int = 0
+
+
+def parse_s3_uri(uri: str) -> tuple[str, str]:
+    u = urlparse(uri)
+    if u.scheme != "s3" or not u.netloc or not u.path.strip("/"):
+        raise ModelSourceError(f"MODEL_S3_URI must look like s3://bucket/path/model.gguf, got {uri!r}")
+    return u.netloc, u.path.lstrip("/")
+
+
+def resolve(environ=os.environ, s3_client=None) -> ResolvedModel:
+    path = environ.get("MODEL_PATH")
+    if path:
+        if not os.path.isfile(path):
+            raise ModelSourceError(f"MODEL_PATH={path} does not exist or is not a file")
+        return ResolvedModel(path=path, source="path", uri=path, bytes=os.path.getsize(path))
+    uri = environ.get("MODEL_S3_URI")
+    if uri:
+        return download(uri, environ.get("MODEL_DIR", "/tmp/warmllm-models"), s3_client=s3_client)
+    raise ModelSourceError("no model configured: set MODEL_PATH (a GGUF file) or MODEL_S3_URI (s3://bucket/key.gguf)")
+
+
+def _marker(dest: str) -> str:
+    return dest + ".source.json"
+
+
+def _intact(dest: str, uri: str, size: int, etag: str) -> bool:
+    try:
+        if os.path.getsize(dest) != size:
+            return False
+        with open(_marker(dest)) as f:
+            m = json.load(f)
+        return m.get("uri") == uri and m.get("size") == size and m.get("etag") == etag
+    except (OSError, ValueError):
+        return False
+
+
+def download(uri: str, model_dir: str, s3_client=None) -> ResolvedModel:
+    bucket, key = parse_s3_uri(uri)
+    if s3_client is None:
+        import boto3
+        s3_client = boto3.client("s3")
+    t0 = time.perf_counter()
+    try:
+        head = s3_client.head_object(Bucket=bucket, Key=key)
+    except Exception as exc:
+        raise ModelSourceError(f"cannot read {uri}: {exc}") from exc
+    size = int(head["ContentLength"])
+    etag = str(head.get("ETag", "")).strip('"')
+    os.makedirs(model_dir, exist_ok=True)
+    dest = os.path.join(model_dir, os.path.basename(key))
+    if _intact(dest, uri, size, etag):
+        emit({"event": "model_download", "uri": uri, "path": dest, "skipped": True,
+              "reason": "already in /tmp with the same size and ETag", "bytes": size})
+        return ResolvedModel(path=dest, source="s3", uri=uri, bytes=size)
+
+    free = shutil.disk_usage(model_dir).free
+    if free < size:
+        raise ModelSourceError(f"{uri} is {size} bytes but {model_dir} has {free} bytes free; "
+                               "raise the function's EphemeralStorage")
+    part = dest + ".part"
+    state = {"done": 0, "last": 0.0, "t0": time.perf_counter()}
+    emit({"event": "model_download", "uri": uri, "path": dest, "bytes": size, "progress": 0.0})
+
+    def progress(n: int) -> None:
+        state["done"] += n
+        now = time.perf_counter()
+        if now - state["last"] >= PROGRESS_EVERY_S:
+            state["last"] = now
+            el = now - state["t0"]
+            emit({"event": "model_download", "uri": uri, "bytes_done": state["done"], "bytes": size,
+                  "progress": round(state["done"] / size, 4) if size else 1.0,
+                  "mb_per_s": round(state["done"] / 1e6 / el, 1) if el > 0 else None})
+
+    from boto3.s3.transfer import TransferConfig
+    cfg = TransferConfig(multipart_threshold=64 * 1024 * 1024, multipart_chunksize=64 * 1024 * 1024,
+                         max_concurrency=8)
+    try:
+        s3_client.download_file(bucket, key, part, Callback=progress, Config=cfg)
+    except Exception as exc:
+        try:
+            os.remove(part)
+        except OSError:
+            pass
+        raise ModelSourceError(f"download of {uri} failed: {exc}") from exc
+    got = os.path.getsize(part)
+    if got != size:
+        os.remove(part)
+        raise ModelSourceError(f"download of {uri} is {got} bytes, expected {size}")
+    os.replace(part, dest)
+    with open(_marker(dest) + ".tmp", "w") as f:
+        json.dump({"uri": uri, "size": size, "etag": etag}, f)
+    os.replace(_marker(dest) + ".tmp", _marker(dest))
+    ms = (time.perf_counter() - t0) * 1000.0
+    emit({"event": "model_download", "uri": uri, "path": dest, "bytes": size, "progress": 1.0,
+          "download_ms": round(ms, 1), "mb_per_s": round(size / 1e6 / (ms / 1000.0), 1) if ms > 0 else None})
+    return ResolvedModel(path=dest, source="s3", uri=uri, download_ms=ms, downloaded=True, bytes=size)

@@ -1,0 +1,48 @@
+"""Make numba find the kernels the image build compiled, before numba is imported.
+
+numba only uses a cache directory it can write to (its locators create the directory and write a
+temporary file in it first), and Lambda's code directory is read-only. So the image build
+compiles the kernels into ``WARMLLM_NUMBA_CACHE_SRC`` (``/opt/numba-cache``) and, at cold
+start, this copies that tree into ``NUMBA_CACHE_DIR`` (``/tmp/numba-cache``) once — a few MB,
+milliseconds. Cache entries are keyed by the source file's absolute path and content hash and by
+(target triple, ``NUMBA_CPU_NAME``, ``NUMBA_CPU_FEATURES``), so the image sets the same CPU
+name at build and run time, with ``NUMBA_CPU_FEATURES`` empty (the CPU's own feature set) so a
+build under emulation produces the key a real Graviton looks up.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+MARKER = ".warmllm-copied"
+
+
+def prepare(environ=os.environ) -> dict:
+    info: dict = {"numba_cache_dir": None, "numba_cache_copied": False, "numba_cache_files": 0}
+    dst = environ.get("NUMBA_CACHE_DIR")
+    if not dst and environ.get("AWS_LAMBDA_FUNCTION_NAME"):
+        dst = "/tmp/numba-cache"               # the only writable place on Lambda
+        environ["NUMBA_CACHE_DIR"] = dst
+    info["numba_cache_dir"] = dst
+    src = environ.get("WARMLLM_NUMBA_CACHE_SRC")
+    if not (src and dst and os.path.isdir(src)) or os.path.abspath(src) == os.path.abspath(dst):
+        return info
+    if os.path.exists(os.path.join(dst, MARKER)):
+        return info
+    t0 = time.perf_counter()
+    n = 0
+    for root, _dirs, files in os.walk(src):
+        rel = os.path.relpath(root, src)
+        out = os.path.join(dst, rel)
+        os.makedirs(out, exist_ok=True)
+        for name in files:
+            target = os.path.join(out, name)
+            if not os.path.exists(target):
+                shutil.copy2(os.path.join(root, name), target)
+                n += 1
+    with open(os.path.join(dst, MARKER), "w") as f:
+        f.write(src)
+    info.update(numba_cache_copied=True, numba_cache_files=n,
+                numba_cache_copy_ms=round((time.perf_counter() - t0) * 1000.0, 1))
+    return info

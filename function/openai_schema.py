@@ -1,0 +1,454 @@
+"""OpenAI request validation and response shapes (chat completions, completions, models, SSE).
+
+Validation rules: unknown fields are ignored; ``null`` is the same as absent; a field of the
+wrong type or out of range is a 400 whose ``param`` names it (``messages[2].content[0].type``).
+Fields warmllm cannot honour (``n`` > 1, ``logprobs``, ``best_of`` > 1, ``echo``, non-text
+content parts) are a 400 that says so rather than being silently dropped.
+"""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from .errors import bad_request
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+@dataclass
+class Sampling:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+
+
+@dataclass
+class GenRequest:
+    route: str
+    model: str | None = None
+    max_tokens: int | None = None          # None: the route's default, capped by the context
+    sampling: Sampling = field(default_factory=Sampling)
+    stop: list[str] = field(default_factory=list)
+    stream: bool = False
+    include_usage: bool = False
+    # chat
+    messages: list[dict] = field(default_factory=list)
+    tools: list[dict] | None = None        # what the template renders (after tool_choice)
+    tool_choice: object = None
+    parse_tool_calls: bool = False
+    template_kwargs: dict = field(default_factory=dict)
+    # completion
+    prompt: str | list[int] | None = None
+
+
+# ----------------------------------------------------------------------------- field readers
+
+def _present(body: dict, name: str) -> bool:
+    return body.get(name) is not None
+
+
+def _type_name(v) -> str:
+    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "array",
+            dict: "object", type(None): "null"}.get(type(v), type(v).__name__)
+
+
+def _number(body: dict, name: str, lo: float, hi: float, default: float) -> float:
+    if not _present(body, name):
+        return default
+    v = body[name]
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise bad_request(f"'{name}' must be a number, got {_type_name(v)}", name, "invalid_type")
+    if not (lo <= v <= hi):
+        raise bad_request(f"'{name}' must be between {lo} and {hi}, got {v}", name)
+    return float(v)
+
+
+def _integer(body: dict, name: str, lo: int, hi: int | None = None) -> int | None:
+    if not _present(body, name):
+        return None
+    v = body[name]
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise bad_request(f"'{name}' must be an integer, got {_type_name(v)}", name, "invalid_type")
+    if v < lo or (hi is not None and v > hi):
+        rng = f"at least {lo}" if hi is None else f"between {lo} and {hi}"
+        raise bad_request(f"'{name}' must be {rng}, got {v}", name)
+    return v
+
+
+def _boolean(body: dict, name: str, default: bool = False) -> bool:
+    if not _present(body, name):
+        return default
+    v = body[name]
+    if not isinstance(v, bool):
+        raise bad_request(f"'{name}' must be a boolean, got {_type_name(v)}", name, "invalid_type")
+    return v
+
+
+def _string(body: dict, name: str) -> str | None:
+    if not _present(body, name):
+        return None
+    v = body[name]
+    if not isinstance(v, str):
+        raise bad_request(f"'{name}' must be a string, got {_type_name(v)}", name, "invalid_type")
+    return v
+
+
+def _object(body: dict, name: str) -> dict | None:
+    if not _present(body, name):
+        return None
+    v = body[name]
+    if not isinstance(v, dict):
+        raise bad_request(f"'{name}' must be an object, got {_type_name(v)}", name, "invalid_type")
+    return v
+
+
+def _common(body: dict, route: str) -> GenRequest:
+    req = GenRequest(route=route)
+    req.model = _string(body, "model")
+    _string(body, "user")
+    n = _integer(body, "n", 1)
+    if n is not None and n != 1:
+        raise bad_request(f"'n' must be 1: this function generates one choice per request (got {n}); "
+                          "send separate requests for more", "n", "unsupported_value")
+    mct = _integer(body, "max_completion_tokens", 1)
+    mt = _integer(body, "max_tokens", 1)
+    req.max_tokens = mct if mct is not None else mt
+    req.sampling = Sampling(
+        temperature=_number(body, "temperature", 0.0, 2.0, 1.0),
+        top_p=_number(body, "top_p", 0.0, 1.0, 1.0),
+        top_k=_top_k(body),
+        min_p=_number(body, "min_p", 0.0, 1.0, 0.0),
+        seed=_integer(body, "seed", -(2 ** 63), 2 ** 64 - 1),
+    )
+    if req.sampling.top_p == 0.0:
+        raise bad_request("'top_p' must be greater than 0", "top_p")
+    for name in ("presence_penalty", "frequency_penalty"):
+        _number(body, name, -2.0, 2.0, 0.0)       # accepted, not applied (documented)
+    req.stop = _stop(body)
+    req.stream = _boolean(body, "stream")
+    so = _object(body, "stream_options")
+    if so is not None and so.get("include_usage") is not None:
+        if not isinstance(so["include_usage"], bool):
+            raise bad_request("'stream_options.include_usage' must be a boolean", "stream_options.include_usage",
+                              "invalid_type")
+        req.include_usage = so["include_usage"]
+    lp = body.get("logprobs")
+    if lp not in (None, False, 0):
+        raise bad_request("'logprobs' is not supported by this function", "logprobs", "unsupported_value")
+    if body.get("top_logprobs") not in (None, 0):
+        raise bad_request("'top_logprobs' is not supported by this function", "top_logprobs", "unsupported_value")
+    rf = body.get("response_format")
+    if rf is not None:
+        if not isinstance(rf, dict):
+            raise bad_request(f"'response_format' must be an object, got {_type_name(rf)}", "response_format",
+                              "invalid_type")
+        if rf.get("type", "text") != "text":
+            raise bad_request(f"response_format type {rf.get('type')!r} is not supported; only 'text'",
+                              "response_format.type", "unsupported_value")
+    return req
+
+
+def _top_k(body: dict) -> int:
+    v = _integer(body, "top_k", -1)
+    return 0 if v is None or v < 0 else v       # -1 (vLLM) and 0 both mean "off"
+
+
+def _stop(body: dict) -> list[str]:
+    if not _present(body, "stop"):
+        return []
+    v = body["stop"]
+    if isinstance(v, str):
+        v = [v]
+    if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
+        raise bad_request("'stop' must be a string or an array of strings", "stop", "invalid_type")
+    if len(v) > 16:
+        raise bad_request(f"'stop' may hold at most 16 sequences, got {len(v)}", "stop")
+    return [s for s in v if s]
+
+
+# ----------------------------------------------------------------------------- chat
+
+def _content(v, param: str, allow_none: bool) -> str:
+    if v is None:
+        if allow_none:
+            return ""
+        raise bad_request(f"'{param}' is required", param, "missing")
+    if isinstance(v, str):
+        return v
+    if isinstance(v, list):
+        parts = []
+        for j, part in enumerate(v):
+            p = f"{param}[{j}]"
+            if isinstance(part, str):
+                parts.append(part)
+                continue
+            if not isinstance(part, dict):
+                raise bad_request(f"'{p}' must be an object, got {_type_name(part)}", p, "invalid_type")
+            kind = part.get("type")
+            if kind not in ("text", "input_text"):
+                raise bad_request(f"'{p}.type' is {kind!r}; only 'text' content parts are supported",
+                                  f"{p}.type", "unsupported_value")
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise bad_request(f"'{p}.text' must be a string, got {_type_name(text)}", f"{p}.text",
+                                  "invalid_type")
+            parts.append(text)
+        return "".join(parts)
+    raise bad_request(f"'{param}' must be a string or an array of text parts, got {_type_name(v)}", param,
+                      "invalid_type")
+
+
+def _assistant_tool_calls(v, param: str) -> list[dict]:
+    if not isinstance(v, list):
+        raise bad_request(f"'{param}' must be an array, got {_type_name(v)}", param, "invalid_type")
+    out = []
+    for j, tc in enumerate(v):
+        p = f"{param}[{j}]"
+        if not isinstance(tc, dict) or not isinstance(tc.get("function"), dict):
+            raise bad_request(f"'{p}' must be an object with a 'function'", p, "invalid_type")
+        fn = tc["function"]
+        if not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise bad_request(f"'{p}.function.name' must be a non-empty string", f"{p}.function.name",
+                              "invalid_type")
+        args = fn.get("arguments", {})
+        if args is None or args == "":
+            args = {}
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except json.JSONDecodeError as exc:
+                raise bad_request(f"'{p}.function.arguments' is not valid JSON: {exc.msg}",
+                                  f"{p}.function.arguments", "invalid_json") from None
+        if not isinstance(args, dict):
+            raise bad_request(f"'{p}.function.arguments' must be a JSON object", f"{p}.function.arguments",
+                              "invalid_type")
+        out.append({"id": str(tc.get("id") or f"call_{j}"), "type": "function",
+                    "function": {"name": fn["name"], "arguments": args}})
+    return out
+
+
+def _messages(body: dict) -> list[dict]:
+    if "messages" not in body or body["messages"] is None:
+        raise bad_request("'messages' is required", "messages", "missing")
+    msgs = body["messages"]
+    if not isinstance(msgs, list):
+        raise bad_request(f"'messages' must be an array, got {_type_name(msgs)}", "messages", "invalid_type")
+    if not msgs:
+        raise bad_request("'messages' must not be empty", "messages")
+    out = []
+    for i, m in enumerate(msgs):
+        p = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise bad_request(f"'{p}' must be an object, got {_type_name(m)}", p, "invalid_type")
+        role = m.get("role")
+        if role not in ROLES:
+            raise bad_request(f"'{p}.role' must be one of {', '.join(ROLES)}, got {role!r}", f"{p}.role")
+        msg: dict = {"role": "system" if role == "developer" else role}
+        has_calls = role == "assistant" and m.get("tool_calls")
+        msg["content"] = _content(m.get("content"), f"{p}.content", allow_none=role == "assistant")
+        if has_calls:
+            msg["tool_calls"] = _assistant_tool_calls(m["tool_calls"], f"{p}.tool_calls")
+        if role == "assistant" and isinstance(m.get("reasoning_content"), str):
+            msg["reasoning_content"] = m["reasoning_content"]
+        if role == "tool":
+            tcid = m.get("tool_call_id")
+            if tcid is not None and not isinstance(tcid, str):
+                raise bad_request(f"'{p}.tool_call_id' must be a string", f"{p}.tool_call_id", "invalid_type")
+            if tcid:
+                msg["tool_call_id"] = tcid
+        name = m.get("name")
+        if name is not None:
+            if not isinstance(name, str):
+                raise bad_request(f"'{p}.name' must be a string", f"{p}.name", "invalid_type")
+            msg["name"] = name
+        out.append(msg)
+    return out
+
+
+def _tools(body: dict) -> list[dict] | None:
+    if not _present(body, "tools"):
+        return None
+    tools = body["tools"]
+    if not isinstance(tools, list):
+        raise bad_request(f"'tools' must be an array, got {_type_name(tools)}", "tools", "invalid_type")
+    for i, t in enumerate(tools):
+        p = f"tools[{i}]"
+        if not isinstance(t, dict) or not isinstance(t.get("function"), dict):
+            raise bad_request(f"'{p}' must be an object with a 'function' object", p, "invalid_type")
+        if t.get("type", "function") != "function":
+            raise bad_request(f"'{p}.type' must be 'function'", f"{p}.type", "unsupported_value")
+        fn = t["function"]
+        if not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise bad_request(f"'{p}.function.name' must be a non-empty string", f"{p}.function.name",
+                              "invalid_type")
+        if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
+            raise bad_request(f"'{p}.function.parameters' must be a JSON Schema object",
+                              f"{p}.function.parameters", "invalid_type")
+        if fn.get("description") is not None and not isinstance(fn["description"], str):
+            raise bad_request(f"'{p}.function.description' must be a string", f"{p}.function.description",
+                              "invalid_type")
+    return tools or None
+
+
+def _tool_choice(body: dict, tools: list[dict] | None):
+    tc = body.get("tool_choice")
+    if tc is None:
+        return None
+    if isinstance(tc, str):
+        if tc not in ("none", "auto", "required"):
+            raise bad_request(f"'tool_choice' must be 'none', 'auto', 'required' or a function object, got {tc!r}",
+                              "tool_choice")
+        if tc == "required" and not tools:
+            raise bad_request("'tool_choice' is 'required' but no 'tools' were given", "tool_choice")
+        return tc
+    if isinstance(tc, dict) and isinstance(tc.get("function"), dict) and isinstance(tc["function"].get("name"), str):
+        name = tc["function"]["name"]
+        if not any(t["function"]["name"] == name for t in tools or []):
+            raise bad_request(f"'tool_choice' names function {name!r}, which is not in 'tools'",
+                              "tool_choice.function.name")
+        return tc
+    raise bad_request("'tool_choice' must be 'none', 'auto', 'required' or "
+                      "{\"type\": \"function\", \"function\": {\"name\": ...}}", "tool_choice", "invalid_type")
+
+
+def parse_chat(body: dict) -> GenRequest:
+    req = _common(body, "chat")
+    req.messages = _messages(body)
+    tools = _tools(body)
+    req.tool_choice = _tool_choice(body, tools)
+    if req.tool_choice == "none" or not tools:
+        req.tools = None
+    elif isinstance(req.tool_choice, dict):
+        name = req.tool_choice["function"]["name"]
+        req.tools = [t for t in tools if t["function"]["name"] == name]
+    else:
+        req.tools = tools
+    req.parse_tool_calls = req.tools is not None
+    kwargs = _object(body, "chat_template_kwargs")
+    req.template_kwargs = dict(kwargs or {})
+    return req
+
+
+# ----------------------------------------------------------------------------- completions
+
+def parse_completion(body: dict) -> GenRequest:
+    req = _common(body, "completion")
+    if "prompt" not in body or body["prompt"] is None:
+        raise bad_request("'prompt' is required", "prompt", "missing")
+    p = body["prompt"]
+    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
+        p = p[0]                                   # a batch of one
+    if isinstance(p, str):
+        req.prompt = p
+    elif isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in p):
+        req.prompt = list(p)
+    elif isinstance(p, list) and len(p) > 1 and all(isinstance(t, (str, list)) for t in p):
+        raise bad_request(f"'prompt' holds {len(p)} prompts; this function completes one per request",
+                          "prompt", "unsupported_value")
+    else:
+        raise bad_request("'prompt' must be a string or an array of token ids", "prompt", "invalid_type")
+    if _integer(body, "best_of", 1) not in (None, 1):
+        raise bad_request("'best_of' must be 1", "best_of", "unsupported_value")
+    if _boolean(body, "echo"):
+        raise bad_request("'echo' is not supported by this function", "echo", "unsupported_value")
+    if _string(body, "suffix"):
+        raise bad_request("'suffix' is not supported by this function", "suffix", "unsupported_value")
+    return req
+
+
+# ----------------------------------------------------------------------------- responses
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+
+
+def chat_message(content: str, reasoning: str | None, tool_calls: list[dict] | None) -> dict:
+    msg: dict = {"role": "assistant", "content": content if (content or not tool_calls) else None}
+    if reasoning:
+        msg["reasoning_content"] = reasoning
+    if tool_calls:
+        msg["tool_calls"] = tool_calls
+    return msg
+
+
+def chat_completion(rid: str, created: int, model: str, message: dict, finish_reason: str, use: dict) -> dict:
+    return {"id": rid, "object": "chat.completion", "created": created, "model": model,
+            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}],
+            "usage": use, "system_fingerprint": None}
+
+
+def text_completion(rid: str, created: int, model: str, text: str, finish_reason: str, use: dict) -> dict:
+    return {"id": rid, "object": "text_completion", "created": created, "model": model,
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}],
+            "usage": use, "system_fingerprint": None}
+
+
+def model_list(model_id: str, created: int) -> dict:
+    return {"object": "list", "data": [{"id": model_id, "object": "model", "created": created,
+                                        "owned_by": "warmllm"}]}
+
+
+def chat_chunks(rid: str, created: int, model: str, *, content_pieces: list[str], reasoning: str | None,
+                tool_calls: list[dict] | None, finish_reason: str, use: dict | None) -> list[dict]:
+    """The chunks a streaming chat completion sends, in order (the SSE body is made by ``sse``)."""
+    def chunk(delta: dict, finish=None) -> dict:
+        c = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+             "system_fingerprint": None,
+             "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+        if use is not None:
+            c["usage"] = None
+        return c
+    out = [chunk({"role": "assistant", "content": ""})]
+    if reasoning:
+        out.append(chunk({"reasoning_content": reasoning}))
+    for piece in content_pieces:
+        if piece:
+            out.append(chunk({"content": piece}))
+    for i, tc in enumerate(tool_calls or []):
+        out.append(chunk({"tool_calls": [{"index": i, "id": tc["id"], "type": "function",
+                                          "function": {"name": tc["function"]["name"],
+                                                       "arguments": tc["function"]["arguments"]}}]}))
+    out.append(chunk({}, finish_reason))
+    if use is not None:
+        out.append({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+                    "system_fingerprint": None, "choices": [], "usage": use})
+    return out
+
+
+def completion_chunks(rid: str, created: int, model: str, *, pieces: list[str], finish_reason: str,
+                      use: dict | None) -> list[dict]:
+    def chunk(text: str, finish=None) -> dict:
+        c = {"id": rid, "object": "text_completion", "created": created, "model": model,
+             "system_fingerprint": None,
+             "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]}
+        if use is not None:
+            c["usage"] = None
+        return c
+    out = [chunk(p) for p in pieces if p]
+    out.append(chunk("", finish_reason))
+    if use is not None:
+        out.append({"id": rid, "object": "text_completion", "created": created, "model": model,
+                    "system_fingerprint": None, "choices": [], "usage": use})
+    return out
+
+
+def sse(chunks: list[dict]) -> str:
+    lines = [f"data: {json.dumps(c, ensure_ascii=False, separators=(',', ':'))}\n\n" for c in chunks]
+    lines.append("data: [DONE]\n\n")
+    return "".join(lines)
+
+
+def now() -> int:
+    return int(time.time())

@@ -1,0 +1,341 @@
+"""The warm process: one Engine (the deliberate warm cache) and the request path around it.
+
+``Runtime.start_init()`` runs at module scope (Lambda's init phase): it resolves the model
+(``MODEL_PATH`` / ``MODEL_S3_URI``), loads it on a background thread and waits up to
+``INIT_BUDGET_S`` (default 8 s, under Lambda's ~10 s init cap). Whatever does not finish in time
+finishes inside the first invocation, which waits for it (its ``load_ms``); the init line says
+which happened (``"phase": "init"`` or ``"first_invoke"``). A model that cannot load makes every
+route a 503 that says why (``/health`` included, with the reason in its body); a failure that
+may be transient (S3) is retried on a later request after ``MODEL_RETRY_S`` (default 30 s).
+
+``Runtime.handle(event, context)`` is the Lambda handler body. It never raises: every outcome
+is a response plus exactly one request log line.
+"""
+from __future__ import annotations
+
+import hmac
+import os
+import threading
+import time
+import traceback
+import uuid
+
+from . import deadline as deadline_mod
+from . import events
+from . import openai_schema as oa
+from .errors import APIError, bad_request, context_overflow, internal, method_not_allowed, model_unavailable, \
+    not_found, unauthorized
+from .request_log import RequestLog, emit, init_line
+from .tool_calls import parse_output
+
+ROUTES = {
+    "/v1/chat/completions": ("POST", "chat"),
+    "/v1/completions": ("POST", "completion"),
+    "/v1/models": ("GET", "models"),
+    "/health": ("GET", "health"),
+}
+DEFAULT_CHAT_MAX_TOKENS = 2048     # capped by the context; the deadline stops long answers anyway
+DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
+
+def _env_float(environ, name, default):
+    try:
+        return float(environ.get(name, default))
+    except ValueError:
+        return float(default)
+
+
+def route_of(method: str, path: str) -> tuple[str, str | None]:
+    """(route name, model id for /v1/models/{id}) or raise 404/405."""
+    if path.startswith("/v1/models/") and len(path) > len("/v1/models/"):
+        if method != "GET":
+            raise method_not_allowed(method, path, "GET")
+        return "model", path[len("/v1/models/"):]
+    if path not in ROUTES:
+        raise not_found(method, path)
+    want, name = ROUTES[path]
+    if method == "HEAD" and want == "GET":
+        return name, None
+    if method != want:
+        raise method_not_allowed(method, path, want)
+    return name, None
+
+
+class Runtime:
+    def __init__(self, environ=None, s3_client=None) -> None:
+        self.env = dict(os.environ if environ is None else environ)
+        self.s3_client = s3_client
+        self.engine = None
+        self.error: str | None = None
+        self.error_permanent = False
+        self.failed_at = 0.0
+        self.resolved = None
+        self._thread: threading.Thread | None = None
+        self._load_started = 0.0
+        self._init_reported = False
+        self._init_fields: dict = {}
+        self._gen_lock = threading.Lock()
+        self._state_lock = threading.Lock()
+        self.requests_served = 0
+        self.started_wall = time.time()
+        self.threads = None
+        t = self.env.get("THREADS")
+        if t:
+            try:
+                self.threads = max(1, int(t))
+            except ValueError:
+                self.threads = None
+        self.api_key = self.env.get("WARMLLM_API_KEY") or None
+        self.retry_s = _env_float(self.env, "MODEL_RETRY_S", 30.0)
+
+    # ------------------------------------------------------------------ model loading
+
+    def _load(self) -> None:
+        t0 = time.perf_counter()
+        fields: dict = {"ok": False}
+        try:
+            from . import model_source
+            res = model_source.resolve(self.env, s3_client=self.s3_client)
+            self.resolved = res
+            fields.update(model_source=res.source, model_uri=res.uri, model_bytes=res.bytes,
+                          downloaded=res.downloaded, download_ms=res.download_ms)
+            from engine.generate import Engine
+            eng = Engine.load(res.path, threads=self.threads)
+            fields.update(ok=True, model_id=eng.model_id, n_ctx=eng.n_ctx, threads=eng.threads,
+                          backend=eng.backend, load_ms=float(eng.load_ms), compile_ms=float(eng.compile_ms))
+            self.engine = eng
+            self.error = None
+        except Exception as exc:
+            why = f"{type(exc).__name__}: {exc}"
+            try:
+                from engine.errors import ModelLoadError
+                permanent = isinstance(exc, ModelLoadError)
+            except Exception:
+                permanent = False
+            self.error, self.error_permanent, self.failed_at = why, permanent, time.monotonic()
+            fields.update(error=why, permanent=permanent)
+            emit({"event": "model_load_error", "error": why, "permanent": permanent,
+                  "traceback": traceback.format_exc(limit=8)})
+        fields["init_ms"] = (time.perf_counter() - t0) * 1000.0
+        self._init_fields = fields
+
+    def start_init(self, budget_s: float | None = None) -> None:
+        """Start loading; wait up to the init budget; print the init line if it finished."""
+        budget = _env_float(self.env, "INIT_BUDGET_S", 8.0) if budget_s is None else budget_s
+        self._start_thread()
+        self._thread.join(budget)
+        if not self._thread.is_alive():
+            self._report_init("init")
+
+    def _start_thread(self) -> None:
+        self._init_reported = False
+        self._load_started = time.monotonic()
+        self._thread = threading.Thread(target=self._load, name="warmllm-model-load", daemon=True)
+        self._thread.start()
+
+    def _report_init(self, phase: str) -> None:
+        if self._init_reported:
+            return
+        self._init_reported = True
+        init_line({"phase": phase, **self._init_fields})
+
+    def wait_for_engine(self, until_mono: float):
+        """The engine, or a 503 saying why not (still loading at the deadline, or failed)."""
+        with self._state_lock:
+            if (self.engine is None and self.error and not self.error_permanent
+                    and (self._thread is None or not self._thread.is_alive())
+                    and time.monotonic() - self.failed_at >= self.retry_s):
+                emit({"event": "model_load_retry", "previous_error": self.error})
+                self.error = None
+                self._start_thread()
+            if self._thread is None:
+                self._start_thread()
+        th = self._thread
+        if th.is_alive():
+            th.join(max(0.0, until_mono - time.monotonic()))
+            if th.is_alive():
+                raise model_unavailable(f"the model is still loading after "
+                                        f"{time.monotonic() - self._load_started:.1f} s; retry shortly")
+        self._report_init("first_invoke")
+        if self.engine is None:
+            raise model_unavailable(self.error or "unknown load failure")
+        return self.engine
+
+    # ------------------------------------------------------------------ requests
+
+    def handle(self, event, context=None):
+        t_mono = time.monotonic()
+        rid = getattr(context, "aws_request_id", None) or f"local-{uuid.uuid4().hex[:12]}"
+        with self._state_lock:
+            cold = self.requests_served == 0
+            self.requests_served += 1
+        log = RequestLog(rid, cold=cold)
+        kind = events.kind_of(event)
+        log.set(kind=kind)
+        headers = {"x-request-id": rid}
+        try:
+            with log.stage("parse_ms"):
+                req = events.normalise(event)
+                log.set(method=req.method, path=req.path)
+                route, model_arg = route_of(req.method, req.path)
+                log.set(route=route)
+                if self.api_key and route != "health" and req.kind != "direct":
+                    auth = req.headers.get("authorization", "")
+                    token = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
+                    if not hmac.compare_digest(token.encode(), self.api_key.encode()):
+                        raise unauthorized()
+                greq = None
+                if route == "chat":
+                    greq = oa.parse_chat(req.json_body())
+                elif route == "completion":
+                    greq = oa.parse_completion(req.json_body())
+                if greq is not None:
+                    log.set(stream=greq.stream, max_tokens=greq.max_tokens)
+            dl = deadline_mod.compute(context, req.received_epoch_ms, t_mono)
+            if route == "health":
+                status, body = self._health(dl, log, cold)
+                return self._finish(log, kind, status, body, headers)
+            with log.stage("load_ms"):
+                eng = self.wait_for_engine(dl.at)
+            log.set(model=eng.model_id)
+            if route == "models":
+                return self._finish(log, kind, 200, oa.model_list(eng.model_id, int(self.started_wall)), headers)
+            if route == "model":
+                if model_arg != eng.model_id:
+                    raise APIError(404, f"model {model_arg!r} does not exist; this function serves "
+                                        f"{eng.model_id!r}", "invalid_request_error", "model", "model_not_found")
+                return self._finish(log, kind, 200, oa.model_list(eng.model_id, int(self.started_wall))["data"][0],
+                                    headers)
+            with self._gen_lock:
+                status, body, ctype = self._generate(eng, greq, log, dl)
+            headers["x-warmllm-prefill-mode"] = str(log.fields["prefill_mode"])
+            return self._finish(log, kind, status, body, headers, content_type=ctype)
+        except APIError as err:
+            return self._finish(log, kind, err.status, err.body(), headers, error_code=err.code)
+        except Exception as exc:        # a bug in warmllm: never user input
+            emit({"event": "error", "request_id": rid, "error": f"{type(exc).__name__}: {exc}",
+                  "traceback": traceback.format_exc(limit=12)})
+            err = internal(rid, exc)
+            return self._finish(log, kind, err.status, err.body(), headers, error_code=err.code)
+
+    def _finish(self, log: RequestLog, kind: str, status: int, body, headers, *, content_type="application/json",
+                error_code=None):
+        resp = events.to_response(kind, status, body, content_type=content_type, headers=headers)
+        log.finish(status, error_code)
+        return resp
+
+    def _health(self, dl, log: RequestLog, cold: bool):
+        with log.stage("load_ms"):
+            try:
+                eng = self.wait_for_engine(dl.at)
+            except APIError as err:
+                return 503, {"status": "unavailable", "reason": self.error or err.message,
+                             "model_source": self.env.get("MODEL_PATH") or self.env.get("MODEL_S3_URI"),
+                             "error": err.body()["error"]}
+        log.set(model=eng.model_id)
+        f = self._init_fields
+        return 200, {"status": "ok", "model": eng.model_id, "cold": cold, "warm": not cold,
+                     "threads": eng.threads, "backend": eng.backend, "n_ctx": eng.n_ctx,
+                     "requests_served": self.requests_served,
+                     "uptime_s": round(time.time() - self.started_wall, 1),
+                     "init": {k: (round(v, 1) if isinstance(v, float) else v) for k, v in f.items()
+                              if k in ("load_ms", "compile_ms", "download_ms", "init_ms", "model_source")}}
+
+    # ------------------------------------------------------------------ generation
+
+    def _generate(self, eng, greq: oa.GenRequest, log: RequestLog, dl):
+        from engine.generate import SamplingParams
+        from engine.errors import ContextOverflow
+
+        chat = greq.route == "chat"
+        param = "messages" if chat else "prompt"
+        if chat:
+            with log.stage("template_ms"):
+                try:
+                    prompt = eng.render_chat(greq.messages, tools=greq.tools, add_generation_prompt=True,
+                                             **self._template_kwargs(greq))
+                except ValueError as exc:      # engine.chat_template.TemplateError is a ValueError
+                    raise bad_request(f"the chat template rejected the messages: {exc}", "messages",
+                                      "invalid_messages") from None
+        else:
+            prompt = greq.prompt
+            if isinstance(prompt, list):
+                n_vocab = getattr(eng.tokenizer, "n_vocab", None)
+                if isinstance(n_vocab, int) and prompt and max(prompt) >= n_vocab:
+                    raise bad_request(f"'prompt' holds token id {max(prompt)}; the vocabulary has {n_vocab}",
+                                      "prompt")
+        explicit = greq.max_tokens is not None
+        max_tokens = greq.max_tokens if explicit else (
+            DEFAULT_CHAT_MAX_TOKENS if chat else DEFAULT_COMPLETION_MAX_TOKENS)
+        max_tokens = min(max_tokens, eng.n_ctx) if not explicit else max_tokens
+        s = greq.sampling
+        sampling = SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p,
+                                  seed=s.seed)
+        pieces: list[str] = []
+
+        def run(mt):
+            pieces.clear()
+            return eng.generate(prompt, max_tokens=mt, sampling=sampling, stop=list(greq.stop),
+                                deadline=dl.at, on_text=pieces.append)
+
+        t_try = time.perf_counter()
+        try:
+            try:
+                result = run(max_tokens)
+            except ContextOverflow as exc:
+                if explicit or exc.prompt_tokens >= exc.n_ctx:
+                    raise context_overflow(exc.prompt_tokens, exc.max_tokens if explicit else 1, exc.n_ctx,
+                                           param) from None
+                # no max_tokens given: fill the rest of the context (the deadline still applies)
+                log.add_ms("tokenize_ms", (time.perf_counter() - t_try) * 1000.0)
+                result = run(exc.n_ctx - exc.prompt_tokens)
+                max_tokens = exc.n_ctx - exc.prompt_tokens
+        except ContextOverflow as exc:
+            raise context_overflow(exc.prompt_tokens, exc.max_tokens, exc.n_ctx, param) from None
+        except APIError:
+            raise
+        except ValueError as exc:              # the engine refusing this input: the client's to fix
+            emit({"event": "engine_rejected_input", "error": str(exc), "traceback": traceback.format_exc(limit=6)})
+            raise bad_request(f"the engine rejected the input: {exc}", param, "invalid_input") from None
+        log.add_generation(result)
+        log.set(max_tokens=max_tokens,
+                deadline_hit=result.finish_reason == "length" and result.completion_tokens < max_tokens)
+
+        with log.stage("respond_ms"):
+            rid = oa.new_id("chatcmpl" if chat else "cmpl")
+            created = oa.now()
+            use = oa.usage(result.prompt_tokens, result.completion_tokens, result.reused_tokens)
+            if chat:
+                opens_think = isinstance(prompt, str) and prompt.rstrip().endswith("<think>")
+                parsed = parse_output(result.text, tools=greq.tools if greq.parse_tool_calls else None,
+                                      prompt_opens_think=opens_think)
+                finish = "tool_calls" if parsed.tool_calls else result.finish_reason
+                log.set(finish_reason=finish)
+                if greq.stream:
+                    content_pieces = pieces if "".join(pieces) == parsed.content else [parsed.content]
+                    chunks = oa.chat_chunks(rid, created, eng.model_id, content_pieces=content_pieces,
+                                            reasoning=parsed.reasoning, tool_calls=parsed.tool_calls,
+                                            finish_reason=finish, use=use if greq.include_usage else None)
+                    return 200, oa.sse(chunks), "text/event-stream; charset=utf-8"
+                msg = oa.chat_message(parsed.content, parsed.reasoning, parsed.tool_calls)
+                return 200, oa.chat_completion(rid, created, eng.model_id, msg, finish, use), "application/json"
+            log.set(finish_reason=result.finish_reason)
+            if greq.stream:
+                pcs = pieces if "".join(pieces) == result.text else [result.text]
+                chunks = oa.completion_chunks(rid, created, eng.model_id, pieces=pcs,
+                                              finish_reason=result.finish_reason,
+                                              use=use if greq.include_usage else None)
+                return 200, oa.sse(chunks), "text/event-stream; charset=utf-8"
+            return 200, oa.text_completion(rid, created, eng.model_id, result.text, result.finish_reason,
+                                           use), "application/json"
+
+    @staticmethod
+    def _template_kwargs(greq: oa.GenRequest) -> dict:
+        kw = dict(greq.template_kwargs)
+        if greq.tool_choice is not None:
+            kw.setdefault("tool_choice", greq.tool_choice)
+        for reserved in ("messages", "tools", "add_generation_prompt"):
+            if reserved in kw:
+                raise bad_request(f"'chat_template_kwargs.{reserved}' cannot be set there; it is a request field",
+                                  f"chat_template_kwargs.{reserved}")
+        return kw

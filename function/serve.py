@@ -1,0 +1,114 @@
+"""``make serve``: a local HTTP server on 127.0.0.1 that turns each request into an API Gateway
+HTTP API (payload 2.0) event, calls ``function.app.handler`` and writes its response back.
+
+Point any OpenAI client at ``http://127.0.0.1:PORT/v1``. One request is handled at a time, as
+one Lambda execution environment does. ``--port 0`` picks a free port; the chosen address is
+printed as a JSON line ``{"event": "serve", "url": ...}`` on stderr.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import sys
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qsl, urlsplit
+
+from .__main__ import LocalContext
+
+_LOCK = threading.Lock()
+
+
+def http_api_event(method: str, target: str, headers: dict[str, str], body: bytes, host: str,
+                   source_ip: str = "127.0.0.1") -> dict:
+    parts = urlsplit(target)
+    lower: dict[str, str] = {}
+    for k, v in headers.items():
+        k = k.lower()
+        lower[k] = f"{lower[k]},{v}" if k in lower else v
+    try:
+        text, b64 = body.decode("utf-8"), False
+    except UnicodeDecodeError:
+        text, b64 = base64.b64encode(body).decode("ascii"), True
+    now = time.time()
+    event = {
+        "version": "2.0", "routeKey": "$default", "rawPath": parts.path or "/",
+        "rawQueryString": parts.query, "headers": lower,
+        "requestContext": {
+            "accountId": "000000000000", "apiId": "local", "domainName": host, "domainPrefix": "local",
+            "http": {"method": method, "path": parts.path or "/", "protocol": "HTTP/1.1",
+                     "sourceIp": source_ip, "userAgent": lower.get("user-agent", "")},
+            "requestId": uuid.uuid4().hex, "routeKey": "$default", "stage": "$default",
+            "time": time.strftime("%d/%b/%Y:%H:%M:%S +0000", time.gmtime(now)),
+            "timeEpoch": int(now * 1000),
+        },
+        "isBase64Encoded": b64,
+    }
+    if parts.query:
+        event["queryStringParameters"] = dict(parse_qsl(parts.query))
+    if body:
+        event["body"] = text
+    return event
+
+
+class Handler(BaseHTTPRequestHandler):
+    server_version = "warmllm-serve"
+    protocol_version = "HTTP/1.1"
+    lambda_handler = None
+    timeout_s = 900.0
+
+    def log_message(self, fmt, *args):      # the handler's JSON log line is the access log
+        pass
+
+    def _serve(self) -> None:
+        n = int(self.headers.get("content-length") or 0)
+        body = self.rfile.read(n) if n else b""
+        event = http_api_event(self.command, self.path, dict(self.headers.items()), body,
+                               self.headers.get("host", "127.0.0.1"), self.client_address[0])
+        with _LOCK:
+            resp = type(self).lambda_handler(event, LocalContext(self.timeout_s))
+        status = int(resp.get("statusCode", 200))
+        payload = resp.get("body") or ""
+        data = base64.b64decode(payload) if resp.get("isBase64Encoded") else payload.encode("utf-8")
+        self.send_response(status)
+        for k, v in (resp.get("headers") or {}).items():
+            if k.lower() not in ("content-length", "connection"):
+                self.send_header(k, v)
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _serve
+
+
+def make_server(host: str = "127.0.0.1", port: int = 8080, lambda_handler=None) -> ThreadingHTTPServer:
+    if lambda_handler is None:
+        from .app import handler as lambda_handler
+    cls = type("BoundHandler", (Handler,), {"lambda_handler": staticmethod(lambda_handler)})
+    return ThreadingHTTPServer((host, port), cls)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m function.serve", description=__doc__.splitlines()[0])
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8080)
+    a = ap.parse_args(argv)
+    srv = make_server(a.host, a.port)
+    host, port = srv.server_address[:2]
+    sys.stderr.write(json.dumps({"event": "serve", "url": f"http://{host}:{port}/v1"}) + "\n")
+    sys.stderr.flush()
+    try:
+        srv.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        srv.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""Qwen3.5 output → OpenAI message parts: ``<think>`` reasoning and XML tool calls.
+
+Qwen3.5 writes a tool call as::
+
+    <tool_call>
+    <function=NAME>
+    <parameter=P>
+    VALUE
+    </parameter>
+    </function>
+    </tool_call>
+
+Each well-formed block naming a declared tool becomes an OpenAI ``tool_call`` whose
+``arguments`` is a JSON string, each value typed by the tool's JSON Schema (``integer``,
+``number``, ``boolean``, ``object``, ``array``, ``null``; ``string`` stays verbatim). A block
+that is malformed, unclosed (generation cut) or names an undeclared function stays in the
+text, untouched. Reasoning is whatever sits in ``<think>…</think>``; when the chat template
+already opened ``<think>`` in the prompt, the text up to ``</think>`` is reasoning.
+"""
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+
+_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
+_FUNC = re.compile(r"\s*<function=([^>\n]+)>(.*?)</function>\s*", re.S)
+_PARAM = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.S)
+
+
+@dataclass
+class ParsedOutput:
+    content: str
+    reasoning: str | None
+    tool_calls: list[dict]
+
+
+def split_reasoning(text: str, prompt_opens_think: bool = False) -> tuple[str | None, str]:
+    """(reasoning or None, the rest)."""
+    if "<think>" in text:
+        before, _, after = text.partition("<think>")
+        reasoning, closed, rest = after.partition("</think>")
+        if not closed:
+            return reasoning.strip() or None, before.strip()
+        return reasoning.strip() or None, (before + rest).strip()
+    if "</think>" in text:
+        reasoning, _, rest = text.partition("</think>")
+        return reasoning.strip() or None, rest.strip()
+    if prompt_opens_think:
+        return text.strip() or None, ""
+    return None, text
+
+
+def _schema_types(schema) -> list[str]:
+    if not isinstance(schema, dict):
+        return []
+    t = schema.get("type")
+    if isinstance(t, str):
+        return [t]
+    if isinstance(t, list):
+        return [x for x in t if isinstance(x, str)]
+    out: list[str] = []
+    for key in ("anyOf", "oneOf"):
+        for sub in schema.get(key) or []:
+            out += _schema_types(sub)
+    if not out and "enum" in schema:
+        out = sorted({_json_type(v) for v in schema["enum"]})
+    return out
+
+
+def _json_type(v) -> str:
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, int):
+        return "integer"
+    if isinstance(v, float):
+        return "number"
+    if v is None:
+        return "null"
+    return {str: "string", list: "array", dict: "object"}.get(type(v), "string")
+
+
+def coerce(value: str, schema) -> object:
+    """A parameter's text typed by its JSON Schema; falls back to the verbatim string."""
+    types = _schema_types(schema)
+    if types == ["string"]:
+        return value
+    stripped = value.strip()
+    try:
+        parsed = json.loads(stripped)
+        ok = True
+    except (json.JSONDecodeError, ValueError):
+        parsed, ok = None, False
+    if not types:                     # no schema: JSON if it is JSON, else the text
+        return parsed if ok and not isinstance(parsed, str) else value
+    for t in types:
+        if t == "string":
+            continue
+        if t == "boolean" and stripped.lower() in ("true", "false"):
+            return stripped.lower() == "true"
+        if t == "null" and stripped.lower() in ("null", "none"):
+            return None
+        if not ok:
+            continue
+        if t == "integer" and isinstance(parsed, (int, float)) and not isinstance(parsed, bool) \
+                and float(parsed).is_integer():
+            return int(parsed)
+        if t == "number" and isinstance(parsed, (int, float)) and not isinstance(parsed, bool):
+            return parsed
+        if t == "object" and isinstance(parsed, dict):
+            return parsed
+        if t == "array" and isinstance(parsed, list):
+            return parsed
+    return value
+
+
+def _tool_schemas(tools: list[dict] | None) -> dict[str, dict]:
+    out = {}
+    for t in tools or []:
+        fn = t.get("function") or {}
+        if isinstance(fn.get("name"), str):
+            params = fn.get("parameters") if isinstance(fn.get("parameters"), dict) else {}
+            out[fn["name"]] = params.get("properties") if isinstance(params.get("properties"), dict) else {}
+    return out
+
+
+def _parse_block(inner: str, schemas: dict[str, dict]) -> dict | None:
+    m = _FUNC.fullmatch(inner)
+    if not m:
+        return None
+    name = m.group(1).strip()
+    if name not in schemas:
+        return None
+    body = m.group(2)
+    props = schemas[name]
+    args: dict = {}
+    pos = 0
+    for pm in _PARAM.finditer(body):
+        if body[pos:pm.start()].strip():
+            return None                # stray text between parameters: not the format
+        pos = pm.end()
+        value = pm.group(2)
+        if value.startswith("\n"):
+            value = value[1:]
+        if value.endswith("\n"):
+            value = value[:-1]
+        pname = pm.group(1).strip()
+        args[pname] = coerce(value, props.get(pname))
+    if body[pos:].strip():
+        return None
+    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+            "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}}
+
+
+def parse_tool_calls(text: str, tools: list[dict] | None) -> tuple[str, list[dict]]:
+    """(text without the parsed blocks, tool_calls). Unparseable blocks stay in the text."""
+    schemas = _tool_schemas(tools)
+    calls: list[dict] = []
+    kept: list[str] = []
+    pos = 0
+    for m in _BLOCK.finditer(text):
+        call = _parse_block(m.group(1), schemas)
+        if call is None:
+            continue
+        kept.append(text[pos:m.start()])
+        pos = m.end()
+        calls.append(call)
+    kept.append(text[pos:])
+    if not calls:
+        return text, []
+    return "".join(kept).strip(), calls
+
+
+def parse_output(text: str, *, tools: list[dict] | None, prompt_opens_think: bool = False) -> ParsedOutput:
+    reasoning, rest = split_reasoning(text, prompt_opens_think)
+    if tools:
+        rest, calls = parse_tool_calls(rest, tools)
+    else:
+        calls = []
+    return ParsedOutput(content=rest, reasoning=reasoning, tool_calls=calls)

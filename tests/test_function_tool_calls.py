@@ -1,0 +1,89 @@
+"""Qwen3.5 XML tool calls and <think> reasoning → OpenAI message parts."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from function.tool_calls import coerce, parse_output, parse_tool_calls, split_reasoning
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
+    "city": {"type": "string"}, "days": {"type": "integer"}, "metric": {"type": "boolean"},
+    "lat": {"type": "number"}, "tags": {"type": "array"}, "opts": {"type": "object"},
+    "maybe": {"type": ["integer", "null"]}}}}},
+    {"type": "function", "function": {"name": "noop"}}]
+
+
+def call(name, **params):
+    inner = "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in params.items())
+    return f"<tool_call>\n<function={name}>\n{inner}</function>\n</tool_call>"
+
+
+def test_one_call_typed_by_schema():
+    text = "Let me check.\n" + call("get_weather", city="Paris", days="3", metric="true", lat="48.85",
+                                    tags='["a", "b"]', opts='{"x": 1}', maybe="null")
+    content, calls = parse_tool_calls(text, TOOLS)
+    assert content == "Let me check."
+    assert len(calls) == 1 and calls[0]["type"] == "function" and calls[0]["id"].startswith("call_")
+    assert calls[0]["function"]["name"] == "get_weather"
+    args = json.loads(calls[0]["function"]["arguments"])
+    assert args == {"city": "Paris", "days": 3, "metric": True, "lat": 48.85, "tags": ["a", "b"], "opts": {"x": 1},
+                    "maybe": None}
+    assert isinstance(calls[0]["function"]["arguments"], str)
+
+
+def test_string_values_stay_verbatim_even_if_they_look_like_json():
+    _, calls = parse_tool_calls(call("get_weather", city="123"), TOOLS)
+    assert json.loads(calls[0]["function"]["arguments"]) == {"city": "123"}
+    _, calls = parse_tool_calls(call("get_weather", city="two\nlines"), TOOLS)
+    assert json.loads(calls[0]["function"]["arguments"]) == {"city": "two\nlines"}
+
+
+def test_parallel_calls_and_no_parameters():
+    text = call("get_weather", city="A") + "\n" + call("noop")
+    content, calls = parse_tool_calls(text, TOOLS)
+    assert content == "" and [c["function"]["name"] for c in calls] == ["get_weather", "noop"]
+    assert json.loads(calls[1]["function"]["arguments"]) == {}
+    assert calls[0]["id"] != calls[1]["id"]
+
+
+@pytest.mark.parametrize("text", [
+    "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n",           # cut off
+    "<tool_call>\n<function=unknown_fn>\n</function>\n</tool_call>",                        # undeclared
+    "<tool_call>\n{\"name\": \"get_weather\"}\n</tool_call>",                                 # JSON form
+    "<tool_call>\n<function=get_weather>\nstray<parameter=city>\nP\n</parameter>\n</function>\n</tool_call>",
+])
+def test_malformed_calls_stay_as_text(text):
+    content, calls = parse_tool_calls(text, TOOLS)
+    assert calls == [] and content == text
+
+
+def test_wrongly_typed_values_fall_back_to_the_string():
+    assert coerce("three", {"type": "integer"}) == "three"
+    assert coerce("3.5", {"type": "integer"}) == "3.5"
+    assert coerce("3.0", {"type": "integer"}) == 3
+    assert coerce("[1]", None) == [1] and coerce("plain", None) == "plain"
+    assert coerce("x", {"anyOf": [{"type": "integer"}, {"type": "string"}]}) == "x"
+    assert coerce("5", {"anyOf": [{"type": "integer"}, {"type": "string"}]}) == 5
+
+
+@pytest.mark.parametrize("text,opened,reasoning,rest", [
+    ("<think>\nplan\n</think>\n\nAnswer", False, "plan", "Answer"),
+    ("plan\n</think>\n\nAnswer", True, "plan", "Answer"),
+    ("plan\n</think>\n\nAnswer", False, "plan", "Answer"),
+    ("still thinking", True, "still thinking", ""),
+    ("no tags", False, None, "no tags"),
+    ("<think>\n\n</think>\n\nAnswer", False, None, "Answer"),
+    ("<think>cut", False, "cut", ""),
+])
+def test_reasoning_split(text, opened, reasoning, rest):
+    assert split_reasoning(text, opened) == (reasoning, rest)
+
+
+def test_reasoning_then_tool_call():
+    out = parse_output("<think>need weather</think>\n" + call("get_weather", city="Oslo"), tools=TOOLS)
+    assert out.reasoning == "need weather" and out.content == ""
+    assert json.loads(out.tool_calls[0]["function"]["arguments"]) == {"city": "Oslo"}
+    # tools not offered (tool_choice none): the XML stays as content
+    out = parse_output(call("get_weather", city="Oslo"), tools=None)
+    assert out.tool_calls == [] and "<tool_call>" in out.content
