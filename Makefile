@@ -8,7 +8,7 @@ WEIGHTS ?= Q4_K_M
 MODEL  ?= models/$(PRESET)-$(WEIGHTS).gguf
 export NUMBA_CACHE_DIR ?= $(CURDIR)/.numba_cache
 
-.PHONY: install run test test-oracle bench serve layer model clean
+.PHONY: install run test test-oracle oracle-fixtures bench serve layer model clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,9 +29,14 @@ run: $(STAMP) $(MODEL)
 test: $(STAMP)
 	$(PY) -m pytest -q
 
+# llama.cpp compiles from source (~15 min on 2 cores); never part of `make test`.
 test-oracle: $(STAMP)
-	$(PY) -m pip install -q llama-cpp-python
+	$(PY) -c "import llama_cpp" 2>/dev/null || $(PY) -m pip install -q llama-cpp-python
 	$(PY) -m pytest -q -m oracle
+
+oracle-fixtures: $(STAMP)
+	$(PY) -c "import llama_cpp" 2>/dev/null || $(PY) -m pip install -q llama-cpp-python
+	$(PY) -m tests.oracle.record_fixtures
 
 clean:
 	rm -rf $(VENV) .numba_cache models/*.gguf

@@ -1,0 +1,40 @@
+"""Runs llama.cpp (llama-cpp-python) on a GGUF: the correctness oracle. Imported only when
+`llama_cpp` is installed (make test-oracle / the fixture recorder)."""
+from __future__ import annotations
+
+import numpy as np
+
+
+def open_llama(path: str, n_ctx: int = 1024, threads: int = 2):
+    from llama_cpp import Llama
+
+    kwargs = dict(model_path=str(path), n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_threads=threads,
+                  n_threads_batch=threads, verbose=False, logits_all=False)
+    # f32 KV cache: llama.cpp's default f16 cache would add its own rounding to the comparison
+    for extra in ({"type_k": 0, "type_v": 0, "flash_attn": False}, {"type_k": 0, "type_v": 0}, {}):
+        try:
+            return Llama(**kwargs, **extra)
+        except TypeError:
+            continue
+    raise RuntimeError("could not construct llama_cpp.Llama")
+
+
+def tokenize(llm, texts: list[str]) -> list[list[int]]:
+    return [llm.tokenize(t.encode("utf-8"), add_bos=True, special=True) for t in texts]
+
+
+def last_logits(llm, prompt: list[int]) -> np.ndarray:
+    llm.reset()
+    llm.eval(prompt)
+    return np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
+
+
+def greedy(llm, prompt: list[int], n: int) -> list[int]:
+    llm.reset()
+    llm.eval(prompt)
+    out = []
+    for _ in range(n):
+        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        out.append(tok)
+        llm.eval([tok])
+    return out
