@@ -179,8 +179,9 @@ class Tokenizer:
             if len(pair) != 2:
                 raise ValueError(f"tokenizer.ggml.merges[{i}] = {merges[i]!r} is not 'left right'")
         hf = _HFTokenizer(models.BPE(vocab=vocab, merges=pairs, ignore_merges=False))
+        self._split = pre_tokenizers.Split(Regex(PRE_TOKENIZER_PATTERNS[pre]), behavior="isolated")
         hf.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(PRE_TOKENIZER_PATTERNS[pre]), behavior="isolated"),
+            self._split,
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ])
         control, user = [], []
@@ -273,6 +274,11 @@ class Tokenizer:
         if add_special and self.add_bos:
             ids.insert(0, self.bos_id)
         return ids
+
+    def split_words(self, text: str) -> list[str]:
+        """The pre-tokenizer's pieces of ``text`` (no special-token handling): for debugging
+        a mismatch against llama.cpp, which splits with the same regex."""
+        return [piece for piece, _ in self._split.pre_tokenize_str(text)]
 
     def token_bytes(self, id: int, special: bool = True) -> bytes:
         """The bytes one token stands for (llama.cpp's token_to_piece)."""
