@@ -161,5 +161,5 @@ class ChatTemplate:
             raise
         except jinja2.TemplateError as e:  # includes the sandbox's SecurityError
             raise TemplateError(f"chat template failed: {e.message or type(e).__name__}") from None
-        except (TypeError, ValueError, AttributeError, KeyError, IndexError, RecursionError) as e:
+        except Exception as e:  # TypeError, OverflowError (sandbox range cap), RecursionError ...
             raise TemplateError(f"chat template failed: {type(e).__name__}: {e}") from None
