@@ -1,0 +1,627 @@
+"""Fast numba kernels for every weight format in :mod:`engine.quant.formats`.
+
+Two operations per format, one njit kernel each, chosen by a Python-level dispatch on qtype:
+
+* ``dequantize_rows_into(qtype, raw, out)`` -- prefill: decode a whole matrix into a reused
+  float32 buffer, then BLAS does ``X @ W.T``. Compiled *without* fastmath (there is no
+  reduction to reassociate, and forbidding FMA contraction keeps the output bit-identical to
+  :func:`engine.quant.formats.dequantize` and therefore to ``gguf.quants``).
+* ``matvec(qtype, raw, x, out)`` -- decode: ``out = W @ x`` reading each weight byte once.
+  Float path, ``fastmath=True`` so LLVM vectorises the per-block loop; every 256-value K block
+  is one loop with all its sub-block scales inside, i.e. one horizontal reduction per block.
+  Constant offsets and Q4_K/Q5_K mins are folded out with per-sub-block sums of ``x`` that are
+  computed once per call (``sum_l q*x - 32*sum_l x`` instead of ``sum_l (q-32)*x``).
+* ``matmul_rows(qtype, raw, X, out)`` -- small T (2..16): ``out = X @ W.T`` decoding each
+  weight block once (into a 256-float scratch) and applying it to all T rows of X.
+
+Everything is portable LLVM (no intrinsics beyond an int->float bit cast), so the same code
+runs on arm64 Graviton and x86_64. f16 scales are decoded with integer ops plus one float
+multiply (exact for normals and subnormals) instead of a libcall.
+
+``bench_matvec(qtype, rows, cols, reps)`` returns weight-bytes GB/s for the benchmark script.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic
+
+from .formats import get_format, quantize, row_bytes
+
+_F32 = np.float32
+_DQ = dict(parallel=True, fastmath=False, cache=True)  # exact decode
+_MV = dict(parallel=True, fastmath=True, cache=True)   # reductions
+
+
+# ----------------------------------------------------------------------------- scalar helpers
+
+@intrinsic
+def _bits_to_f32(typingctx, bits):
+    """Reinterpret the low 32 bits of an integer as a float32."""
+    if not isinstance(bits, types.Integer):
+        return None
+    sig = types.float32(bits)
+
+    def codegen(context, builder, signature, args):
+        v = args[0]
+        width = bits.bitwidth
+        if width > 32:
+            v = builder.trunc(v, ir.IntType(32))
+        elif width < 32:
+            v = builder.zext(v, ir.IntType(32))
+        return builder.bitcast(v, ir.FloatType())
+
+    return sig, codegen
+
+
+_TWO_112 = _F32(2.0 ** 112)
+
+
+@njit(inline="always", cache=True)
+def _half(h):
+    """IEEE half (as an integer 0..65535) -> float32, exact (subnormals, inf, nan included)."""
+    em = h & 0x7FFF
+    if em >= 0x7C00:
+        f = _bits_to_f32(0x7F800000 | ((em & 0x3FF) << 13))
+    else:
+        f = _bits_to_f32(em << 13) * _TWO_112
+    if h & 0x8000:
+        f = -f
+    return f
+
+
+@njit(inline="always", cache=True)
+def _f16_at(w, p):
+    return _half(np.int64(w[p]) | (np.int64(w[p + 1]) << 8))
+
+
+@njit(inline="always", cache=True)
+def _scale_min_k4(w, p, j):
+    """get_scale_min_k4 for sub-block j of the 12 scale bytes at w[p:p+12]."""
+    if j < 4:
+        sc = w[p + j] & 63
+        m = w[p + j + 4] & 63
+    else:
+        sc = (w[p + j + 4] & 0xF) | ((w[p + j - 4] >> 6) << 4)
+        m = (w[p + j + 4] >> 4) | ((w[p + j] >> 6) << 4)
+    return _F32(sc), _F32(m)
+
+
+@njit(cache=True)
+def _group_sums(x, group):
+    """Sums of consecutive groups of ``group`` values of x (float32)."""
+    n = x.shape[0] // group
+    s = np.empty(n, dtype=np.float32)
+    for i in range(n):
+        acc = _F32(0.0)
+        for l in range(group):
+            acc += x[i * group + l]
+        s[i] = acc
+    return s
+
+
+# ----------------------------------------------------------------------------- float formats
+
+@njit(**_DQ)
+def _dq_f32(w, out):
+    for r in prange(w.shape[0]):
+        for c in range(out.shape[1]):
+            out[r, c] = w[r, c]
+
+
+@njit(**_DQ)
+def _dq_f16(w, out):
+    for r in prange(w.shape[0]):
+        for c in range(out.shape[1]):
+            out[r, c] = _half(np.int64(w[r, c]))
+
+
+@njit(**_DQ)
+def _dq_bf16(w, out):
+    for r in prange(w.shape[0]):
+        for c in range(out.shape[1]):
+            out[r, c] = _bits_to_f32(np.uint32(w[r, c]) << 16)
+
+
+@njit(**_MV)
+def _mv_f32(w, x, out):
+    for r in prange(w.shape[0]):
+        s = _F32(0.0)
+        for c in range(x.shape[0]):
+            s += w[r, c] * x[c]
+        out[r] = s
+
+
+@njit(**_MV)
+def _mv_f16(w, x, out):
+    for r in prange(w.shape[0]):
+        s = _F32(0.0)
+        for c in range(x.shape[0]):
+            s += _half(np.int64(w[r, c])) * x[c]
+        out[r] = s
+
+
+@njit(**_MV)
+def _mv_bf16(w, x, out):
+    for r in prange(w.shape[0]):
+        s = _F32(0.0)
+        for c in range(x.shape[0]):
+            s += _bits_to_f32(np.uint32(w[r, c]) << 16) * x[c]
+        out[r] = s
+
+
+# ----------------------------------------------------------------------------- 32-value formats
+
+@njit(**_DQ)
+def _dq_q8_0(w, out):
+    nb = out.shape[1] // 32
+    for r in prange(w.shape[0]):
+        for b in range(nb):
+            p = b * 34
+            d = _f16_at(w[r], p)
+            for l in range(32):
+                q = np.int64(w[r, p + 2 + l])
+                q = q - ((q & 128) << 1)  # int8
+                out[r, b * 32 + l] = _F32(q) * d
+
+
+@njit(**_MV)
+def _mv_q8_0(w, x, out):
+    nb = x.shape[0] // 32
+    for r in prange(w.shape[0]):
+        acc = _F32(0.0)
+        for b in range(nb):
+            p = b * 34
+            d = _f16_at(w[r], p)
+            s = _F32(0.0)
+            for l in range(32):
+                q = np.int64(w[r, p + 2 + l])
+                q = q - ((q & 128) << 1)
+                s += _F32(q) * x[b * 32 + l]
+            acc += d * s
+        out[r] = acc
+
+
+@njit(**_DQ)
+def _dq_q4_0(w, out):
+    nb = out.shape[1] // 32
+    for r in prange(w.shape[0]):
+        for b in range(nb):
+            p = b * 18
+            d = _f16_at(w[r], p)
+            for l in range(16):
+                q = w[r, p + 2 + l]
+                out[r, b * 32 + l] = d * _F32(np.int64(q & 15) - 8)
+                out[r, b * 32 + 16 + l] = d * _F32(np.int64(q >> 4) - 8)
+
+
+@njit(**_MV)
+def _mv_q4_0(w, x, out):
+    nb = x.shape[0] // 32
+    xs = _group_sums(x, 32)
+    for r in prange(w.shape[0]):
+        acc = _F32(0.0)
+        for b in range(nb):
+            p = b * 18
+            d = _f16_at(w[r], p)
+            s = _F32(0.0)
+            for l in range(16):
+                q = w[r, p + 2 + l]
+                s += _F32(q & 15) * x[b * 32 + l] + _F32(q >> 4) * x[b * 32 + 16 + l]
+            acc += d * (s - _F32(8.0) * xs[b])
+        out[r] = acc
+
+
+@njit(**_DQ)
+def _dq_q4_1(w, out):
+    nb = out.shape[1] // 32
+    for r in prange(w.shape[0]):
+        for b in range(nb):
+            p = b * 20
+            d = _f16_at(w[r], p)
+            m = _f16_at(w[r], p + 2)
+            for l in range(16):
+                q = w[r, p + 4 + l]
+                out[r, b * 32 + l] = d * _F32(q & 15) + m
+                out[r, b * 32 + 16 + l] = d * _F32(q >> 4) + m
+
+
+@njit(**_MV)
+def _mv_q4_1(w, x, out):
+    nb = x.shape[0] // 32
+    xs = _group_sums(x, 32)
+    for r in prange(w.shape[0]):
+        acc = _F32(0.0)
+        for b in range(nb):
+            p = b * 20
+            d = _f16_at(w[r], p)
+            m = _f16_at(w[r], p + 2)
+            s = _F32(0.0)
+            for l in range(16):
+                q = w[r, p + 4 + l]
+                s += _F32(q & 15) * x[b * 32 + l] + _F32(q >> 4) * x[b * 32 + 16 + l]
+            acc += d * s + m * xs[b]
+        out[r] = acc
+
+
+@njit(inline="always", cache=True)
+def _u32_at(w, p):
+    return (np.int64(w[p]) | (np.int64(w[p + 1]) << 8)
+            | (np.int64(w[p + 2]) << 16) | (np.int64(w[p + 3]) << 24))
+
+
+@njit(**_DQ)
+def _dq_q5_0(w, out):
+    nb = out.shape[1] // 32
+    for r in prange(w.shape[0]):
+        for b in range(nb):
+            p = b * 22
+            d = _f16_at(w[r], p)
+            qh = _u32_at(w[r], p + 2)
+            for l in range(16):
+                q = np.int64(w[r, p + 6 + l])
+                lo = (q & 15) | (((qh >> l) & 1) << 4)
+                hi = (q >> 4) | (((qh >> (l + 16)) & 1) << 4)
+                out[r, b * 32 + l] = d * _F32(lo - 16)
+                out[r, b * 32 + 16 + l] = d * _F32(hi - 16)
+
+
+@njit(**_MV)
+def _mv_q5_0(w, x, out):
+    nb = x.shape[0] // 32
+    xs = _group_sums(x, 32)
+    for r in prange(w.shape[0]):
+        acc = _F32(0.0)
+        for b in range(nb):
+            p = b * 22
+            d = _f16_at(w[r], p)
+            qh = _u32_at(w[r], p + 2)
+            s = _F32(0.0)
+            for l in range(16):
+                q = np.int64(w[r, p + 6 + l])
+                lo = (q & 15) | (((qh >> l) & 1) << 4)
+                hi = (q >> 4) | (((qh >> (l + 16)) & 1) << 4)
+                s += _F32(lo) * x[b * 32 + l] + _F32(hi) * x[b * 32 + 16 + l]
+            acc += d * (s - _F32(16.0) * xs[b])
+        out[r] = acc
+
+
+@njit(**_DQ)
+def _dq_q5_1(w, out):
+    nb = out.shape[1] // 32
+    for r in prange(w.shape[0]):
+        for b in range(nb):
+            p = b * 24
+            d = _f16_at(w[r], p)
+            m = _f16_at(w[r], p + 2)
+            qh = _u32_at(w[r], p + 4)
+            for l in range(16):
+                q = np.int64(w[r, p + 8 + l])
+                lo = (q & 15) | (((qh >> l) & 1) << 4)
+                hi = (q >> 4) | (((qh >> (l + 16)) & 1) << 4)
+                out[r, b * 32 + l] = d * _F32(lo) + m
+                out[r, b * 32 + 16 + l] = d * _F32(hi) + m
+
+
+@njit(**_MV)
+def _mv_q5_1(w, x, out):
+    nb = x.shape[0] // 32
+    xs = _group_sums(x, 32)
+    for r in prange(w.shape[0]):
+        acc = _F32(0.0)
+        for b in range(nb):
+            p = b * 24
+            d = _f16_at(w[r], p)
+            m = _f16_at(w[r], p + 2)
+            qh = _u32_at(w[r], p + 4)
+            s = _F32(0.0)
+            for l in range(16):
+                q = np.int64(w[r, p + 8 + l])
+                lo = (q & 15) | (((qh >> l) & 1) << 4)
+                hi = (q >> 4) | (((qh >> (l + 16)) & 1) << 4)
+                s += _F32(lo) * x[b * 32 + l] + _F32(hi) * x[b * 32 + 16 + l]
+            acc += d * s + m * xs[b]
+        out[r] = acc
+
+
+# ----------------------------------------------------------------------------- K formats
+
+@njit(**_DQ)
+def _dq_q4_k(w, out):
+    nb = out.shape[1] // 256
+    for r in prange(w.shape[0]):
+        row = w[r]
+        for b in range(nb):
+            p = b * 144
+            d = _f16_at(row, p)
+            dmin = _f16_at(row, p + 2)
+            for c in range(4):
+                sa, ma = _scale_min_k4(row, p + 4, 2 * c)
+                sb, mb = _scale_min_k4(row, p + 4, 2 * c + 1)
+                da = d * sa
+                db = d * sb
+                mma = dmin * ma
+                mmb = dmin * mb
+                q0 = p + 16 + 32 * c
+                o = b * 256 + 64 * c
+                for l in range(32):
+                    q = row[q0 + l]
+                    out[r, o + l] = da * _F32(q & 15) - mma
+                    out[r, o + 32 + l] = db * _F32(q >> 4) - mmb
+
+
+@njit(inline="always", cache=True)
+def _k4_block_scales(row, p):
+    d = _f16_at(row, p)
+    dmin = _f16_at(row, p + 2)
+    s0, m0 = _scale_min_k4(row, p + 4, 0)
+    s1, m1 = _scale_min_k4(row, p + 4, 1)
+    s2, m2 = _scale_min_k4(row, p + 4, 2)
+    s3, m3 = _scale_min_k4(row, p + 4, 3)
+    s4, m4 = _scale_min_k4(row, p + 4, 4)
+    s5, m5 = _scale_min_k4(row, p + 4, 5)
+    s6, m6 = _scale_min_k4(row, p + 4, 6)
+    s7, m7 = _scale_min_k4(row, p + 4, 7)
+    return (d * s0, d * s1, d * s2, d * s3, d * s4, d * s5, d * s6, d * s7,
+            dmin, m0, m1, m2, m3, m4, m5, m6, m7)
+
+
+@njit(**_MV)
+def _mv_q4_k(w, x, out):
+    nb = x.shape[0] // 256
+    xs = _group_sums(x, 32)
+    for r in prange(w.shape[0]):
+        row = w[r]
+        acc = _F32(0.0)
+        for b in range(nb):
+            p = b * 144
+            (d0, d1, d2, d3, d4, d5, d6, d7,
+             dmin, m0, m1, m2, m3, m4, m5, m6, m7) = _k4_block_scales(row, p)
+            g = b * 8
+            mins = dmin * (m0 * xs[g] + m1 * xs[g + 1] + m2 * xs[g + 2] + m3 * xs[g + 3]
+                           + m4 * xs[g + 4] + m5 * xs[g + 5] + m6 * xs[g + 6] + m7 * xs[g + 7])
+            q = p + 16
+            o = b * 256
+            s = _F32(0.0)
+            for l in range(32):
+                a0 = row[q + l]
+                a1 = row[q + 32 + l]
+                a2 = row[q + 64 + l]
+                a3 = row[q + 96 + l]
+                s += (d0 * _F32(a0 & 15) * x[o + l] + d1 * _F32(a0 >> 4) * x[o + 32 + l]
+                      + d2 * _F32(a1 & 15) * x[o + 64 + l] + d3 * _F32(a1 >> 4) * x[o + 96 + l]
+                      + d4 * _F32(a2 & 15) * x[o + 128 + l] + d5 * _F32(a2 >> 4) * x[o + 160 + l]
+                      + d6 * _F32(a3 & 15) * x[o + 192 + l] + d7 * _F32(a3 >> 4) * x[o + 224 + l])
+            acc += s - mins
+        out[r] = acc
+
+
+@njit(**_DQ)
+def _dq_q5_k(w, out):
+    nb = out.shape[1] // 256
+    for r in prange(w.shape[0]):
+        row = w[r]
+        for b in range(nb):
+            p = b * 176
+            d = _f16_at(row, p)
+            dmin = _f16_at(row, p + 2)
+            for c in range(4):
+                sa, ma = _scale_min_k4(row, p + 4, 2 * c)
+                sb, mb = _scale_min_k4(row, p + 4, 2 * c + 1)
+                da = d * sa
+                db = d * sb
+                mma = dmin * ma
+                mmb = dmin * mb
+                q0 = p + 48 + 32 * c
+                o = b * 256 + 64 * c
+                for l in range(32):
+                    q = np.int64(row[q0 + l])
+                    h = np.int64(row[p + 16 + l])
+                    out[r, o + l] = da * _F32((q & 15) | (((h >> (2 * c)) & 1) << 4)) - mma
+                    out[r, o + 32 + l] = db * _F32((q >> 4) | (((h >> (2 * c + 1)) & 1) << 4)) - mmb
+
+
+@njit(**_MV)
+def _mv_q5_k(w, x, out):
+    nb = x.shape[0] // 256
+    xs = _group_sums(x, 32)
+    for r in prange(w.shape[0]):
+        row = w[r]
+        acc = _F32(0.0)
+        for b in range(nb):
+            p = b * 176
+            (d0, d1, d2, d3, d4, d5, d6, d7,
+             dmin, m0, m1, m2, m3, m4, m5, m6, m7) = _k4_block_scales(row, p)
+            g = b * 8
+            mins = dmin * (m0 * xs[g] + m1 * xs[g + 1] + m2 * xs[g + 2] + m3 * xs[g + 3]
+                           + m4 * xs[g + 4] + m5 * xs[g + 5] + m6 * xs[g + 6] + m7 * xs[g + 7])
+            q = p + 48
+            o = b * 256
+            s = _F32(0.0)
+            for l in range(32):
+                h = np.int64(row[p + 16 + l])
+                a0 = np.int64(row[q + l])
+                a1 = np.int64(row[q + 32 + l])
+                a2 = np.int64(row[q + 64 + l])
+                a3 = np.int64(row[q + 96 + l])
+                s += (d0 * _F32((a0 & 15) | ((h & 1) << 4)) * x[o + l]
+                      + d1 * _F32((a0 >> 4) | ((h & 2) << 3)) * x[o + 32 + l]
+                      + d2 * _F32((a1 & 15) | ((h & 4) << 2)) * x[o + 64 + l]
+                      + d3 * _F32((a1 >> 4) | ((h & 8) << 1)) * x[o + 96 + l]
+                      + d4 * _F32((a2 & 15) | (h & 16)) * x[o + 128 + l]
+                      + d5 * _F32((a2 >> 4) | ((h & 32) >> 1)) * x[o + 160 + l]
+                      + d6 * _F32((a3 & 15) | ((h & 64) >> 2)) * x[o + 192 + l]
+                      + d7 * _F32((a3 >> 4) | ((h & 128) >> 3)) * x[o + 224 + l])
+            acc += s - mins
+        out[r] = acc
+
+
+@njit(**_DQ)
+def _dq_q6_k(w, out):
+    nb = out.shape[1] // 256
+    for r in prange(w.shape[0]):
+        row = w[r]
+        for b in range(nb):
+            p = b * 210
+            d = _f16_at(row, p + 208)
+            for h in range(2):
+                for t in range(4):
+                    qlo = p + 64 * h + 32 * (t & 1)
+                    sh = 4 * (t >> 1)
+                    for l in range(32):
+                        sc = np.int64(row[p + 192 + 8 * h + 2 * t + (l >> 4)])
+                        sc = sc - ((sc & 128) << 1)
+                        q = ((np.int64(row[qlo + l]) >> sh) & 15) | (((np.int64(row[p + 128 + 32 * h + l]) >> (2 * t)) & 3) << 4)
+                        out[r, b * 256 + 128 * h + 32 * t + l] = (d * _F32(sc)) * _F32(q - 32)
+
+
+@njit(inline="always", cache=True)
+def _i8(v):
+    v = np.int64(v)
+    return _F32(v - ((v & 128) << 1))
+
+
+@njit(**_MV)
+def _mv_q6_k(w, x, out):
+    nb = x.shape[0] // 256
+    xs = _group_sums(x, 16)
+    for r in prange(w.shape[0]):
+        row = w[r]
+        acc = _F32(0.0)
+        for b in range(nb):
+            p = b * 210
+            d = _f16_at(row, p + 208)
+            sp = p + 192
+            # scale of (half h, t, lane-half hh) is scales[8h + 2t + hh]
+            c00 = d * _i8(row[sp + 0]); c01 = d * _i8(row[sp + 1])
+            c10 = d * _i8(row[sp + 2]); c11 = d * _i8(row[sp + 3])
+            c20 = d * _i8(row[sp + 4]); c21 = d * _i8(row[sp + 5])
+            c30 = d * _i8(row[sp + 6]); c31 = d * _i8(row[sp + 7])
+            e00 = d * _i8(row[sp + 8]); e01 = d * _i8(row[sp + 9])
+            e10 = d * _i8(row[sp + 10]); e11 = d * _i8(row[sp + 11])
+            e20 = d * _i8(row[sp + 12]); e21 = d * _i8(row[sp + 13])
+            e30 = d * _i8(row[sp + 14]); e31 = d * _i8(row[sp + 15])
+            g = b * 16
+            offs = _F32(32.0) * (c00 * xs[g] + c01 * xs[g + 1] + c10 * xs[g + 2] + c11 * xs[g + 3]
+                                 + c20 * xs[g + 4] + c21 * xs[g + 5] + c30 * xs[g + 6] + c31 * xs[g + 7]
+                                 + e00 * xs[g + 8] + e01 * xs[g + 9] + e10 * xs[g + 10] + e11 * xs[g + 11]
+                                 + e20 * xs[g + 12] + e21 * xs[g + 13] + e30 * xs[g + 14] + e31 * xs[g + 15])
+            o = b * 256
+            s = _F32(0.0)
+            for i in range(16):
+                # half 0, lanes i and 16+i
+                a = np.int64(row[p + i]); bb = np.int64(row[p + 32 + i]); c = np.int64(row[p + 128 + i])
+                A = np.int64(row[p + 16 + i]); B = np.int64(row[p + 48 + i]); C = np.int64(row[p + 144 + i])
+                s += (c00 * _F32((a & 15) | ((c & 3) << 4)) * x[o + i]
+                      + c10 * _F32((bb & 15) | ((c & 12) << 2)) * x[o + 32 + i]
+                      + c20 * _F32((a >> 4) | (c & 48)) * x[o + 64 + i]
+                      + c30 * _F32((bb >> 4) | ((c & 192) >> 2)) * x[o + 96 + i]
+                      + c01 * _F32((A & 15) | ((C & 3) << 4)) * x[o + 16 + i]
+                      + c11 * _F32((B & 15) | ((C & 12) << 2)) * x[o + 48 + i]
+                      + c21 * _F32((A >> 4) | (C & 48)) * x[o + 80 + i]
+                      + c31 * _F32((B >> 4) | ((C & 192) >> 2)) * x[o + 112 + i])
+                # half 1
+                a = np.int64(row[p + 64 + i]); bb = np.int64(row[p + 96 + i]); c = np.int64(row[p + 160 + i])
+                A = np.int64(row[p + 80 + i]); B = np.int64(row[p + 112 + i]); C = np.int64(row[p + 176 + i])
+                s += (e00 * _F32((a & 15) | ((c & 3) << 4)) * x[o + 128 + i]
+                      + e10 * _F32((bb & 15) | ((c & 12) << 2)) * x[o + 160 + i]
+                      + e20 * _F32((a >> 4) | (c & 48)) * x[o + 192 + i]
+                      + e30 * _F32((bb >> 4) | ((c & 192) >> 2)) * x[o + 224 + i]
+                      + e01 * _F32((A & 15) | ((C & 3) << 4)) * x[o + 144 + i]
+                      + e11 * _F32((B & 15) | ((C & 12) << 2)) * x[o + 176 + i]
+                      + e21 * _F32((A >> 4) | (C & 48)) * x[o + 208 + i]
+                      + e31 * _F32((B >> 4) | ((C & 192) >> 2)) * x[o + 240 + i])
+            acc += s - offs
+        out[r] = acc
+
+
+# ----------------------------------------------------------------------------- dispatch
+
+_DEQUANT = {
+    T.F32: _dq_f32, T.F16: _dq_f16, T.BF16: _dq_bf16,
+    T.Q8_0: _dq_q8_0, T.Q4_0: _dq_q4_0, T.Q4_1: _dq_q4_1, T.Q5_0: _dq_q5_0, T.Q5_1: _dq_q5_1,
+    T.Q4_K: _dq_q4_k, T.Q5_K: _dq_q5_k, T.Q6_K: _dq_q6_k,
+}
+_MATVEC = {
+    T.F32: _mv_f32, T.F16: _mv_f16, T.BF16: _mv_bf16,
+    T.Q8_0: _mv_q8_0, T.Q4_0: _mv_q4_0, T.Q4_1: _mv_q4_1, T.Q5_0: _mv_q5_0, T.Q5_1: _mv_q5_1,
+    T.Q4_K: _mv_q4_k, T.Q5_K: _mv_q5_k, T.Q6_K: _mv_q6_k,
+}
+_VIEW = {T.F32: np.float32, T.F16: np.uint16, T.BF16: np.uint16}
+
+
+def _weights(qtype, raw: np.ndarray, rows: int, cols: int):
+    """Validate raw bytes of a (rows, cols) matrix and return (qtype, the 2-D array a kernel takes)."""
+    fmt = get_format(qtype)
+    rb = row_bytes(fmt.qtype, cols)
+    if type(raw) is not np.ndarray:  # memmap and other subclasses -> plain view
+        raw = np.asarray(raw).view(np.ndarray)
+    if raw.dtype != np.uint8:
+        raise TypeError(f"raw weights must be uint8 bytes, got {raw.dtype}")
+    if raw.size != rows * rb:
+        raise ValueError(f"{fmt.qtype.name} ({rows}, {cols}) needs {rows * rb} bytes, got {raw.size}")
+    if raw.ndim != 2 or raw.shape[0] != rows:
+        raw = raw.reshape(rows, rb)
+    if not raw.flags.c_contiguous:
+        raw = np.ascontiguousarray(raw)
+    view = _VIEW.get(fmt.qtype)
+    if view is not None:
+        raw = raw.view(view)
+    return fmt.qtype, raw
+
+
+def _check_f32(name: str, a: np.ndarray, shape: tuple[int, ...]) -> None:
+    if not isinstance(a, np.ndarray) or a.dtype != np.float32 or a.shape != shape or not a.flags.c_contiguous:
+        got = (getattr(a, "dtype", None), getattr(a, "shape", None))
+        raise ValueError(f"{name} must be a C-contiguous float32 array of shape {shape}, got {got}")
+
+
+def dequantize_rows_into(qtype, raw: np.ndarray, out: np.ndarray) -> None:
+    """Decode the (rows, cols) matrix in ``raw`` into the float32 buffer ``out`` (rows, cols)."""
+    if out.ndim != 2:
+        raise ValueError(f"out must be 2-D (rows, cols), got shape {out.shape}")
+    rows, cols = out.shape
+    _check_f32("out", out, (rows, cols))
+    qt, w = _weights(qtype, raw, rows, cols)
+    _DEQUANT[qt](w, out)
+
+
+def matvec(qtype, raw: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
+    """``out[:] = W @ x`` for the quantized (rows, cols) matrix W in ``raw``."""
+    if x.ndim != 1 or out.ndim != 1:
+        raise ValueError("matvec takes x of shape (cols,) and out of shape (rows,)")
+    rows, cols = out.shape[0], x.shape[0]
+    _check_f32("x", x, (cols,))
+    _check_f32("out", out, (rows,))
+    qt, w = _weights(qtype, raw, rows, cols)
+    _MATVEC[qt](w, x, out)
+
+
+# ----------------------------------------------------------------------------- benchmark
+
+def _bench_weights(qtype, rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    """Realistic raw bytes fast: quantize a few random rows and tile them."""
+    rng = np.random.default_rng(seed)
+    base_rows = min(rows, 64)
+    base = quantize(rng.standard_normal((base_rows, cols), dtype=np.float32), qtype)
+    reps = -(-rows // base_rows)
+    return np.ascontiguousarray(np.tile(base, (reps, 1))[:rows])
+
+
+def bench_matvec(qtype, rows: int, cols: int, reps: int = 20) -> float:
+    """Weight bytes streamed per second by :func:`matvec`, in GB/s (best of ``reps`` calls)."""
+    raw = _bench_weights(qtype, rows, cols)
+    x = np.random.default_rng(1).standard_normal(cols, dtype=np.float32)
+    out = np.empty(rows, dtype=np.float32)
+    matvec(qtype, raw, x, out)  # compile / warm
+    best = float("inf")
+    for _ in range(max(1, reps)):
+        t0 = time.perf_counter()
+        matvec(qtype, raw, x, out)
+        best = min(best, time.perf_counter() - t0)
+    return raw.nbytes / best / 1e9
