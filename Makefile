@@ -38,5 +38,10 @@ oracle-fixtures: $(STAMP)
 	$(PY) -c "import llama_cpp" 2>/dev/null || $(PY) -m pip install -q llama-cpp-python
 	$(PY) -m tests.oracle.record_fixtures
 
+# Speed is a benchmark, never a test: ours vs llama.cpp on the same 0.8B-shaped files, same threads.
+bench: $(STAMP)
+	$(PY) -m pip install -q threadpoolctl
+	$(PY) -m bench.run
+
 clean:
 	rm -rf $(VENV) .numba_cache models/*.gguf

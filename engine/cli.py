@@ -102,6 +102,19 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from engine import bench
+
+    extra = tuple(int(x) for x in args.extra_pp.split(",") if x) if args.extra_pp else ()
+    res = bench.run(args.model, p=args.p, n=args.n, threads=args.threads, extra_pp=extra)
+    if args.json:
+        print(json.dumps(res))
+    else:
+        for k, v in res.items():
+            print(f"{k:32s} {v}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m engine", description="warmllm engine")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -141,6 +154,15 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--out", required=True)
     m.add_argument("--head", choices=["tied", "untied"], default=None, help="override the preset's output head")
     m.set_defaults(func=cmd_make_model)
+
+    b = sub.add_parser("bench", help="prefill / decode / TTFT / RSS on one GGUF")
+    b.add_argument("--model", required=True)
+    b.add_argument("-p", type=int, default=512, help="prompt tokens for pp")
+    b.add_argument("-n", type=int, default=128, help="generated tokens for tg")
+    b.add_argument("--extra-pp", default="", help="more prompt lengths, e.g. 2048")
+    b.add_argument("--threads", type=int, default=None)
+    b.add_argument("--json", action="store_true")
+    b.set_defaults(func=cmd_bench)
 
     i = sub.add_parser("info", help="architecture, shapes, tensor types, size")
     i.add_argument("--model", required=True)

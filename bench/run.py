@@ -1,0 +1,129 @@
+"""`make bench`: our engine and llama.cpp on the same 0.8B-shaped GGUFs, same threads, one run.
+
+Builds the models if absent, runs each measurement in its own process (peak RSS and cold start
+are per process), once with this machine's OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE pin and once with
+both unset (as on Lambda), prints a table and writes bench/results/<stamp>.json.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PINS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+KEYS = ["pp_tok_s", "pp2048_tok_s", "tg_tok_s", "ttft_ms", "token_by_token_prefill_tok_s", "peak_rss_mb", "ready_ms"]
+
+
+def _py(args: list[str], env: dict) -> dict:
+    r = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, cwd=ROOT)
+    if r.returncode != 0:
+        return {"error": (r.stderr.strip().splitlines() or ["failed"])[-1]}
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _blas_info(env: dict) -> str:
+    code = ("import json, numpy, threadpoolctl\n"
+            "print(json.dumps([{k: i.get(k) for k in ('internal_api','architecture','num_threads')} "
+            "for i in threadpoolctl.threadpool_info() if i.get('user_api') == 'blas']))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    return r.stdout.strip() or r.stderr.strip()[-200:]
+
+
+def _cpu() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def measure(model: Path, threads: int, p: int, n: int, env: dict, with_llama: bool) -> dict:
+    ours = _py(["-m", "engine", "bench", "--model", str(model), "-p", str(p), "-n", str(n),
+                "--extra-pp", "2048", "--threads", str(threads), "--json"], env)
+    # cold start with an empty kernel cache: every kernel compiles
+    cold_env = dict(env, NUMBA_CACHE_DIR=tempfile.mkdtemp(prefix="numba-cold-"))
+    cold = _py(["-m", "engine", "bench", "--model", str(model), "-p", "64", "-n", "4", "--threads", str(threads),
+                "--json"], cold_env)
+    shutil.rmtree(cold_env["NUMBA_CACHE_DIR"], ignore_errors=True)
+    ours["cold_start_ms_empty_cache"] = cold.get("ready_ms")
+    ours["cold_start_ms_warm_cache"] = ours.get("ready_ms")
+    row = {"ours": ours}
+    if with_llama:
+        theirs = _py(["-m", "bench.llama_bench", "--model", str(model), "--threads", str(threads), "-p", str(p),
+                      "-n", str(n), "--extra-pp", "2048", "--json"], env)
+        row["llama_cpp"] = theirs
+        ratios = {}
+        for k in ("pp_tok_s", "pp2048_tok_s", "tg_tok_s", "token_by_token_prefill_tok_s"):
+            if isinstance(ours.get(k), (int, float)) and isinstance(theirs.get(k), (int, float)):
+                ratios[k] = round(ours[k] / theirs[k], 3)
+        for k in ("ttft_ms", "peak_rss_mb"):  # lower is better: ours / theirs
+            if isinstance(ours.get(k), (int, float)) and isinstance(theirs.get(k), (int, float)):
+                ratios[k] = round(ours[k] / theirs[k], 3)
+        row["ratios"] = ratios
+    return row
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--preset", default="0.8b")
+    ap.add_argument("--weights", default="Q4_K_M,Q8_0")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("-p", type=int, default=512)
+    ap.add_argument("-n", type=int, default=128)
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    try:
+        import llama_cpp  # noqa: F401
+        with_llama = True
+    except ImportError:
+        with_llama = False
+        print("llama_cpp is not installed: printing our figures alone (pip install llama-cpp-python)", file=sys.stderr)
+    receipt = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "cpu": _cpu(),
+               "machine": platform.machine(), "threads": a.threads, "runs": []}
+    for weights in a.weights.split(","):
+        model = ROOT / "models" / f"{a.preset}-{weights}.gguf"
+        if not model.exists():
+            subprocess.run([sys.executable, "-m", "engine", "make-model", "--preset", a.preset, "--weights", weights,
+                            "--seed", "0", "--out", str(model)], check=True, cwd=ROOT)
+        for pinned in (False, True):
+            env = dict(os.environ, WARMLLM_THREADS=str(a.threads))
+            if not pinned:
+                for k in PINS:
+                    env.pop(k, None)
+            run = {"weights": weights, "model": str(model.relative_to(ROOT)), "openblas_pinned": pinned,
+                   "pins": {k: env.get(k) for k in PINS}, "blas": _blas_info(env)}
+            run.update(measure(model, a.threads, a.p, a.n, env, with_llama))
+            receipt["runs"].append(run)
+            _print(run)
+    out = Path(a.out) if a.out else ROOT / "bench" / "results" / f"{dt.datetime.now():%Y%m%d-%H%M%S}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(receipt, indent=2))
+    print(f"receipt: {out}")
+    return 0
+
+
+def _print(run: dict) -> None:
+    print(f"\n{run['weights']}  OPENBLAS pinned={run['openblas_pinned']}  blas={run['blas']}")
+    print(f"{'metric':32s} {'ours':>12s} {'llama.cpp':>12s} {'ratio':>8s}")
+    for k in KEYS + ["cold_start_ms_empty_cache", "cold_start_ms_warm_cache"]:
+        o = run["ours"].get(k, "")
+        t = run.get("llama_cpp", {}).get(k, "")
+        r = run.get("ratios", {}).get(k, "")
+        print(f"{k:32s} {str(o):>12s} {str(t):>12s} {str(r):>8s}")
+    for side in ("ours", "llama_cpp"):
+        if "error" in run.get(side, {}):
+            print(f"{side} failed: {run[side]['error']}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
