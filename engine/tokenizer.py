@@ -171,9 +171,9 @@ class Tokenizer:
         self._piece_cache: dict[int, bytes] = {}
         self._lock = threading.Lock()
 
-        # The BPE vocabulary holds every token with its id (first occurrence wins on a
-        # duplicate text); added tokens then reuse those ids.
-        vocab = dict(zip(reversed(self._tokens), range(n - 1, -1, -1)))
+        # The BPE vocabulary holds every token with its id (the last occurrence wins on a
+        # duplicate text, as in llama.cpp's token_to_id); added tokens reuse those ids.
+        vocab = dict(zip(self._tokens, range(n)))
         pairs = [tuple(m.split(" ", 1)) for m in merges]
         for i, pair in enumerate(pairs):
             if len(pair) != 2:

@@ -288,22 +288,23 @@ def test_metadata_errors() -> None:
 def test_speed_100kb_on_248k_vocab(big: Tokenizer) -> None:
     text = (REPO / "engine/testing/corpus.txt").read_text(encoding="utf-8")
     text = (text * (100_000 // len(text) + 1))[:100_000]
-    start = time.perf_counter()
+    # CPU time, not wall time: the limit is about our cost, not about a busy shared machine
+    start = time.process_time()
     ids = big.encode(text)
-    elapsed = time.perf_counter() - start
+    elapsed = time.process_time() - start
     assert big.n_vocab == 248_320
-    assert elapsed < 1.0, f"100 KB took {elapsed:.3f} s"
-    start = time.perf_counter()
+    assert elapsed < 1.0, f"100 KB took {elapsed:.3f} s of CPU"
+    start = time.process_time()
     assert big.decode(ids) == text
-    assert time.perf_counter() - start < 1.0
+    assert time.process_time() - start < 1.0
 
 
 def test_construction_speed_248k() -> None:
     meta = build_vocab(248_320).metadata()
-    start = time.perf_counter()
+    start = time.process_time()
     Tokenizer.from_gguf_metadata(meta)
-    elapsed = time.perf_counter() - start
-    assert elapsed < 2.0, f"construction took {elapsed:.3f} s"
+    elapsed = time.process_time() - start
+    assert elapsed < 2.0, f"construction took {elapsed:.3f} s of CPU"
 
 
 @pytest.mark.slow
@@ -327,23 +328,23 @@ def test_construction_speed_real_sized_merges() -> None:
     meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "qwen35", "tokenizer.ggml.tokens": tokens,
             "tokenizer.ggml.token_type": types, "tokenizer.ggml.merges": merges,
             "tokenizer.ggml.eos_token_id": len(tokens) - 1}
-    start = time.perf_counter()
+    start = time.process_time()
     tok = Tokenizer.from_gguf_metadata(meta)
-    elapsed = time.perf_counter() - start
-    assert elapsed < 2.0, f"construction took {elapsed:.3f} s"
+    elapsed = time.process_time() - start
+    assert elapsed < 2.0, f"construction took {elapsed:.3f} s of CPU"
     text = ("Hello world, 中文 🎉 12345 code(x) {\"a\": 1}\n" * 3000)[:100_000]
-    start = time.perf_counter()
+    start = time.process_time()
     ids = tok.encode(text)
-    assert time.perf_counter() - start < 1.0
+    assert time.process_time() - start < 1.0
     assert tok.decode(ids) == text
 
 
 def test_build_vocab_fast_and_deterministic() -> None:
     from engine.testing import vocab as vocab_mod
 
-    start = time.perf_counter()
+    start = time.process_time()
     vocab_mod._learned.__wrapped__(2048 - len(QWEN35_ADDED_TOKENS))  # uncached training
-    assert time.perf_counter() - start < 1.0
+    assert time.process_time() - start < 1.0
     assert build_vocab(2048) is build_vocab(2048)  # cached per n_vocab
 
     def digest(spec: object) -> str:
@@ -389,3 +390,107 @@ def test_through_a_gguf_file(tmp_path: Path) -> None:
     text = "<|im_start|>user\nCafé 中文 🎉 12<|im_end|>\n<think>"
     assert tok.encode(text) == ref.encode(text)
     assert tok.eog_ids == ref.eog_ids and tok.eos_id == ref.eos_id
+
+
+# -- the qwen35 regex against a port of llama.cpp's hand-written splitter ------------------
+# llama.cpp does not run the regex: unicode.cpp's unicode_regex_split_custom_qwen35 walks the
+# code points by category. This is a direct Python port of that walk, so any disagreement
+# between the regex (as `tokenizers` runs it) and llama.cpp's splitter shows up here.
+
+_WHITESPACE = {0x09, 0x0A, 0x0B, 0x0C, 0x0D, 0x20, 0x85, 0xA0, 0x1680, *range(0x2000, 0x200B),
+               0x2028, 0x2029, 0x202F, 0x205F, 0x3000}
+
+
+def _llama_qwen35_split(text: str) -> list[str]:
+    import unicodedata
+
+    cpts = [ord(c) for c in text]
+    n = len(cpts)
+
+    def cat(pos: int) -> str:
+        return unicodedata.category(chr(cpts[pos]))[0] if 0 <= pos < n else ""
+
+    def is_letter(pos): return cat(pos) == "L"
+    def is_mark(pos): return cat(pos) == "M"
+    def is_number(pos): return cat(pos) == "N"
+    def is_space(pos): return 0 <= pos < n and cpts[pos] in _WHITESPACE
+    def cpt(pos): return cpts[pos] if 0 <= pos < n else -1
+
+    out, prev, pos = [], 0, 0
+
+    def add(end: int) -> int:
+        nonlocal prev
+        length = end - prev
+        if length > 0:
+            out.append(text[prev:end])
+        prev = end
+        return length
+
+    while pos < n:
+        c = cpts[pos]
+        if c == ord("'") and pos + 1 < n:
+            nxt = chr(cpt(pos + 1)).lower() if cpt(pos + 1) < 128 else ""
+            if nxt in ("s", "t", "m", "d"):
+                pos += add(pos + 2)
+                continue
+            if pos + 2 < n and cpt(pos + 2) < 128:
+                nn = chr(cpt(pos + 2)).lower()
+                if (nxt, nn) in (("r", "e"), ("v", "e"), ("l", "l")):
+                    pos += add(pos + 3)
+                    continue
+        if not (c in (0x0D, 0x0A) or is_number(pos)):
+            if is_letter(pos) or is_mark(pos) or is_mark(pos + 1) or is_letter(pos + 1):
+                pos += 1
+                while is_letter(pos) or is_mark(pos):
+                    pos += 1
+                add(pos)
+                continue
+        if is_number(pos):
+            pos += 1
+            add(pos)
+            continue
+        p2 = pos + 1 if c == 0x20 else pos
+        if p2 < n and not (is_space(p2) or is_letter(p2) or is_mark(p2) or is_number(p2)):
+            pos = p2
+            while pos < n and not (is_space(pos) or is_letter(pos) or is_mark(pos) or is_number(pos)):
+                pos += 1
+            while cpt(pos) in (0x0D, 0x0A):
+                pos += 1
+            add(pos)
+            continue
+        k, last_rn = 0, 0
+        while is_space(pos + k):
+            if cpts[pos + k] in (0x0D, 0x0A):
+                last_rn = pos + k + 1
+            k += 1
+        if last_rn > 0:
+            pos = last_rn
+            add(pos)
+            continue
+        if k > 1 and pos + k < n:
+            pos += k - 1
+            add(pos)
+            continue
+        if k > 0:
+            pos += k
+            add(pos)
+            continue
+        pos += 1
+        add(pos)
+    return out
+
+
+_SPLIT_ALPHABET = list("aZé'sStTdDmMlLrReEvV 0123456789\n\r\t.,!?;:-_()[]{}\"<>/\\|") + [
+    "\u0301", "\u0308", "\u00a0", "\u3000", "\u2009", "中", "文", "。", "，", "ア", "한", "🎉", "👍", "\u200d",
+    "\ufe0f", "١", "½", "ⅷ", "Ω", "ß", "\u0900", "क", "्", "ſ", "K", "\x00", "\x85", "€", "©",
+]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from(_SPLIT_ALPHABET), max_size=30).map("".join))
+def test_pre_tokenizer_matches_llama_cpp_splitter(text: str) -> None:
+    assert _tiny_for_hypothesis().split_words(text) == _llama_qwen35_split(text)
+
+
+def test_llama_cpp_splitter_port_sanity() -> None:
+    assert _llama_qwen35_split("I'm 12 \n\n  ok!!\n x") == ["I", "'m", " ", "1", "2", " \n\n", " ", " ok", "!!\n", " x"]
