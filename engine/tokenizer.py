@@ -198,10 +198,11 @@ class Tokenizer:
             hf.add_tokens(user)
         self._hf = hf
 
+        # llama.cpp picks EOG tokens by their text whatever their stored type
         eog = {self.eos_id}
         for text in _EOG_TEXTS:
             tid = hf.token_to_id(text)
-            if tid is not None and self._types[tid] in (TokenType.CONTROL, TokenType.USER_DEFINED):
+            if tid is not None:
                 eog.add(tid)
         self.eog_ids: frozenset[int] = frozenset(eog)
 

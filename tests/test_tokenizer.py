@@ -207,6 +207,7 @@ def test_pieces_and_decode_by_token_type(tiny: Tokenizer, big: Tokenizer) -> Non
     assert {big.token_type(i) for i in pad_ids} == {TokenType.UNUSED}
     assert big.decode(pad_ids) == ""  # [PAD…] decode to nothing, as in llama.cpp
     assert big.token_id("[PAD248319]") == 248_319
+    assert 248_319 not in big.encode("[PAD248319]")  # UNUSED tokens are never matched in text
     ids = tiny.encode("<|im_start|>a<think>b<|im_end|>")
     assert tiny.decode(ids) == "<|im_start|>a<think>b<|im_end|>"
     assert tiny.decode(ids, special=False) == "a<think>b"  # CONTROL dropped, USER_DEFINED kept
