@@ -20,11 +20,27 @@ from engine.gguf_file import GGUFFile
 from engine.models.qwen35 import Qwen35
 from engine.sampling import Sampler, SamplingParams
 from engine.session import Session
+from engine.snapshots import SnapshotStore, _layout as state_layout, model_fingerprint
 from engine.tokenizer import Tokenizer
 
 DEFAULT_N_CTX = 32768
 
-__all__ = ["Engine", "GenerationResult", "SamplingParams"]
+__all__ = ["ChatPrompt", "Engine", "GenerationResult", "SamplingParams"]
+
+
+@dataclass
+class ChatPrompt:
+    """A rendered chat prompt with the token positions worth a checkpoint.
+
+    boundaries: where the system + tools block ends and where each completed turn before
+    the last user message ends — a later request sharing that much of the conversation
+    resumes there (on this instance or, via EFS/S3, on another).
+    """
+
+    text: str
+    ids: list[int]
+    boundaries: list[int] = field(default_factory=list)
+    spliced_tokens: int = 0  # leading ids taken from the warm session (its own reply tokens)
 
 
 @dataclass
@@ -59,7 +75,8 @@ def _stop_hold(text: str, stops: Sequence[str]) -> int:
 
 class Engine:
     def __init__(self, path: str, model: Qwen35, tokenizer: Tokenizer, template: ChatTemplate | None,
-                 thread_config: threads_mod.ThreadConfig, n_ctx: int, load_ms: float) -> None:
+                 thread_config: threads_mod.ThreadConfig, n_ctx: int, load_ms: float, *,
+                 snapshot_store: SnapshotStore | None = None) -> None:
         self.path = path
         self.model = model
         self.tokenizer = tokenizer
@@ -69,7 +86,11 @@ class Engine:
         self.load_ms = load_ms
         self.compile_ms = 0.0
         self.model_id = Path(path).stem
-        self.session = Session(model, int(os.environ.get("WARMLLM_PREFILL_CHUNK", "512")))
+        self.fingerprint = model_fingerprint(model.file)
+        # Snapshot tiers from SNAPSHOT_* env vars (docs/snapshots.md); memory-only by default.
+        self.snapshots = snapshot_store if snapshot_store is not None else SnapshotStore.from_env(
+            self.fingerprint, state_layout(model.new_state()))
+        self.session = Session(model, int(os.environ.get("WARMLLM_PREFILL_CHUNK", "512")), store=self.snapshots)
 
     @property
     def threads(self) -> int:
@@ -80,7 +101,8 @@ class Engine:
         return "numpy+numba"
 
     @classmethod
-    def load(cls, path: str, threads: int | None = None, n_ctx: int | None = None, warm_up: bool = True) -> "Engine":
+    def load(cls, path: str, threads: int | None = None, n_ctx: int | None = None, warm_up: bool = True, *,
+             snapshot_store: SnapshotStore | None = None) -> "Engine":
         t0 = time.perf_counter()
         tc = threads_mod.configure(threads)
         f = GGUFFile(path)
@@ -92,7 +114,8 @@ class Engine:
         source = f.get("tokenizer.chat_template")
         template = ChatTemplate(source) if source else None
         limit = n_ctx or int(os.environ.get("WARMLLM_N_CTX", DEFAULT_N_CTX))
-        eng = cls(path, model, tokenizer, template, tc, min(limit, model.config.n_ctx_train), (time.perf_counter() - t0) * 1e3)
+        eng = cls(path, model, tokenizer, template, tc, min(limit, model.config.n_ctx_train), (time.perf_counter() - t0) * 1e3,
+                  snapshot_store=snapshot_store)
         if warm_up:
             eng.warm_up()
         return eng
@@ -112,11 +135,101 @@ class Engine:
         return self.chat_template.render(messages, tools=tools, add_generation_prompt=add_generation_prompt,
                                          **template_kwargs)
 
-    def generate(self, prompt: str | list[int], *, max_tokens: int, sampling: SamplingParams | None = None,
+    def chat_prompt(self, messages: list[dict], tools: list[dict] | None = None,
+                    **template_kwargs) -> ChatPrompt:
+        """Render `messages` (with the generation prompt unless add_generation_prompt=False is
+        given) and tokenize, keeping the warm session's tokens where the text matches them
+        (see `encode_prompt`), with the message-boundary positions for checkpoints."""
+        add_gen = template_kwargs.pop("add_generation_prompt", True)
+        text = self.render_chat(messages, tools=tools, add_generation_prompt=add_gen, **template_kwargs)
+        offsets = self._boundary_offsets(messages, tools, text, template_kwargs)
+        ids, spliced = self._encode_reusing(text)
+        return ChatPrompt(text, ids, self._offsets_to_positions(ids, offsets), spliced)
+
+    def _boundary_offsets(self, messages: list[dict], tools: list[dict] | None, text: str,
+                          kw: dict) -> list[int]:
+        """Character offsets in `text` where the system + tools block and each message up to the
+        last user message end (each rendered prefix must be a prefix of `text`). The end of the
+        last user message is included: the next turn shares it however the reply is rendered
+        (a client that drops reasoning_content changes the reply's text, not what precedes it)."""
+        last_user = max((i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"),
+                        default=-1)
+        offsets: set[int] = set()
+        for k in range(1, last_user + 2):
+            try:
+                part = self.render_chat(messages[:k], tools=tools, add_generation_prompt=False, **kw)
+            except ValueError:
+                continue
+            if part and text.startswith(part):
+                offsets.add(len(part))
+        if tools and messages and isinstance(messages[0], dict) and messages[0].get("role") != "system":
+            # Tools without a system message: the template writes a system block of its own.
+            # It ends where renders with two different first messages stop agreeing, cut back
+            # to the turn start (ChatML, as every Qwen template).
+            try:
+                a = self.render_chat([{"role": "user", "content": "a"}], tools=tools, add_generation_prompt=False, **kw)
+                b = self.render_chat([{"role": "user", "content": "b"}], tools=tools, add_generation_prompt=False, **kw)
+                same = len(os.path.commonprefix([a, b]))
+                cut = a.rfind("<|im_start|>", 0, same)
+                if cut > 0 and text.startswith(a[:cut]):
+                    offsets.add(cut)
+            except ValueError:
+                pass
+        return sorted(offsets)
+
+    def _offsets_to_positions(self, ids: list[int], offsets: list[int]) -> list[int]:
+        """Token positions whose decoded text ends exactly at one of the character offsets
+        (an offset inside a token is no boundary and is dropped)."""
+        if not offsets:
+            return []
+        try:
+            text = self.tokenizer.decode_bytes(ids).decode("utf-8")
+        except UnicodeDecodeError:
+            return []
+        want = {len(text[:off].encode("utf-8")) for off in offsets}
+        positions, pos = [], 0
+        for i, t in enumerate(ids):
+            pos += len(self.tokenizer.token_bytes(t))
+            if pos in want:
+                positions.append(i + 1)
+        return positions
+
+    def _encode_reusing(self, text: str) -> tuple[list[int], int]:
+        """Tokenize `text`; if it begins with exactly the text of the tokens the warm session
+        holds, keep those tokens and tokenize only the rest. After a chat turn the session holds
+        the prompt plus the model's own reply tokens; the next turn's rendering contains the
+        same reply text, and re-tokenizing it may pick different (equally valid) tokens, which
+        would break `extend`. Returns (ids, how many leading ids came from the session)."""
+        held = self.session.tokens
+        if held and self.session.last_logits is not None:
+            try:
+                head = self.tokenizer.decode_bytes(held).decode("utf-8")
+            except UnicodeDecodeError:
+                head = None
+            if head and len(head) < len(text) and text.startswith(head):
+                rest = self.tokenizer.encode(text[len(head):], add_special=False)
+                return list(held) + rest, len(held)
+        return self.tokenizer.encode(text), 0
+
+    def encode_prompt(self, prompt: "str | list[int] | ChatPrompt") -> tuple[list[int], list[int]]:
+        """(ids, checkpoint boundaries) for any prompt form generate() accepts."""
+        if isinstance(prompt, ChatPrompt):
+            return list(prompt.ids), list(prompt.boundaries)
+        if isinstance(prompt, str):
+            return self._encode_reusing(prompt)[0], []
+        return [int(t) for t in prompt], []
+
+    def flush_snapshots(self, timeout: float | None = None) -> bool:
+        """Wait for queued snapshot writes (directory, S3); False if `timeout` ran out. The
+        handler may call it before returning; atexit does it at process exit."""
+        return self.snapshots.flush(timeout)
+
+    def generate(self, prompt: "str | list[int] | ChatPrompt", *, max_tokens: int,
+                 sampling: SamplingParams | None = None,
                  stop: Sequence[str] = (), deadline: float | None = None,
                  on_text: Callable[[str], None] | None = None) -> GenerationResult:
         t0 = time.perf_counter()
-        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        ids, boundaries = self.encode_prompt(prompt)
         tokenize_ms = (time.perf_counter() - t0) * 1e3
         if not ids:
             raise ValueError("prompt is empty: it produced no tokens")
@@ -127,7 +240,11 @@ class Engine:
         sampler = Sampler(sampling or SamplingParams())
         stops = [s for s in stop if s]
 
-        pre = self.session.prefill(ids)
+        try:
+            pre = self.session.prefill(ids, boundaries, release_writes=False)
+        except BaseException:
+            self.snapshots.release()
+            raise
         t1 = time.perf_counter()
         decoder = self.tokenizer.incremental_decoder()
         eog = self.tokenizer.eog_ids
@@ -137,8 +254,11 @@ class Engine:
         finish = "length"
         stopped_by_string = False
         logits = pre.logits
-        while True:
+        try:
             tok = sampler(logits)
+        finally:  # the first token is out: background snapshot writes may use the CPU now
+            self.snapshots.release()
+        while True:
             if tok in eog:
                 finish = "stop"
                 break
@@ -158,6 +278,7 @@ class Engine:
             if len(out) >= max_tokens or (deadline is not None and time.monotonic() >= deadline):
                 break
             logits = self.session.step(tok)
+            tok = sampler(logits)
         if not stopped_by_string:
             text += decoder.flush()
         if on_text and len(text) > emitted:
@@ -167,4 +288,7 @@ class Engine:
             text=text, token_ids=out, finish_reason=finish, prompt_tokens=len(ids), completion_tokens=len(out),
             prefill_mode=pre.mode, reused_tokens=pre.reused_tokens, prefilled_tokens=pre.prefilled_tokens,
             tokenize_ms=tokenize_ms, restore_ms=pre.restore_ms, prefill_ms=pre.prefill_ms, decode_ms=decode_ms,
+            snapshot_tier=pre.snapshot_tier,
+            snapshot_bytes=pre.snapshot_bytes if pre.snapshot_tier else pre.checkpoint_bytes,
+            timings={"checkpoint_ms": pre.checkpoint_ms, "checkpoints": float(len(pre.checkpoints))},
         )

@@ -1,30 +1,44 @@
 """The warm session: the token ids the process has run and their state.
 
 A prompt that extends the held tokens prefills only the suffix (`extend`); the same prompt
-reuses the kept last-position logits (`cached`); anything else starts over (`batched`).
-Prefill always runs the batched forward in chunks of `prefill_chunk` tokens.
+reuses the kept last-position logits (`cached`); anything else resumes from the longest
+stored checkpoint that is a prefix of it (`snapshot_memory` / `snapshot_efs` / `snapshot_s3`,
+see engine.snapshots) or prefills from zero (`batched`).
+
+Recurrent (DeltaNet) state cannot be rolled back, so prefill captures checkpoints: at the
+chat-message boundaries it is given, every `every` tokens, and at the end of the prompt. The
+batched prefill is split at those positions (and at `prefill_chunk`) only; a capture copies
+the state, KV sliced to the position.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Sequence
 
 import numpy as np
 
 from engine.models.qwen35 import Qwen35
+from engine.snapshots import Snapshot, SnapshotStore, prefix_hashes
 from engine.state import State
 
 DEFAULT_PREFILL_CHUNK = 512
+MIN_SEGMENT = 32  # checkpoints closer than this to the previous one are skipped (no tiny batches)
 
 
 @dataclass
 class PrefillResult:
-    mode: str  # "batched" | "extend" | "cached"
+    mode: str  # "batched" | "extend" | "cached" | "snapshot_memory" | "snapshot_efs" | "snapshot_s3"
     reused_tokens: int
     prefilled_tokens: int
-    prefill_ms: float
+    prefill_ms: float  # the whole call, restore included
     restore_ms: float
     logits: np.ndarray
+    snapshot_tier: str | None = None  # tier the state was restored from
+    snapshot_bytes: int = 0  # size of the restored snapshot
+    checkpoints: list[int] = field(default_factory=list)  # positions captured by this call
+    checkpoint_bytes: int = 0  # in-memory size of those captures
+    checkpoint_ms: float = 0.0  # time spent copying them (inside prefill_ms)
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -35,12 +49,32 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return i
 
 
+def checkpoint_positions(n_prompt: int, start: int, boundaries: Sequence[int] = (), every: int = 0,
+                         min_segment: int = MIN_SEGMENT) -> list[int]:
+    """Where to capture, in (start, n_prompt]: boundaries, multiples of `every`, the end; a point
+    closer than `min_segment` to the previous kept one (or to `start`) is dropped, the end never."""
+    pts = {int(b) for b in boundaries if start < int(b) < n_prompt}
+    if every > 0:
+        pts |= set(range((start // every + 1) * every, n_prompt, every))
+    kept: list[int] = []
+    last = start
+    for p in sorted(pts):
+        if p - last >= min_segment:
+            kept.append(p)
+            last = p
+    kept.append(n_prompt)
+    return kept
+
+
 class Session:
-    def __init__(self, model: Qwen35, prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> None:
+    def __init__(self, model: Qwen35, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+                 store: SnapshotStore | None = None, every: int | None = None) -> None:
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
         self.model = model
         self.prefill_chunk = prefill_chunk
+        self.store = store
+        self.every = int(every if every is not None else (store.every if store is not None else 0))
         self.tokens: list[int] = []
         self.state: State = model.new_state()
         self.last_logits: np.ndarray | None = None
@@ -50,37 +84,111 @@ class Session:
         self.state = self.model.new_state()
         self.last_logits = None
 
-    def prefill(self, prompt: list[int]) -> PrefillResult:
+    def prefill(self, prompt: Sequence[int], boundaries: Sequence[int] = (), *,
+                release_writes: bool = True) -> PrefillResult:
+        """Make the state hold `prompt`, reusing whatever is held or stored.
+
+        `boundaries`: token positions worth a checkpoint (chat-message ends). With
+        `release_writes=False` the store's background writes stay held until the caller
+        releases them (generate does so after the first token).
+        """
+        prompt = [int(t) for t in prompt]
         if not prompt:
             raise ValueError("prompt has no tokens")
         t0 = time.perf_counter()
+        store = self.store
+        if store is not None:
+            store.hold()
+        try:
+            return self._prefill(prompt, boundaries, t0)
+        finally:
+            if store is not None and release_writes:
+                store.release()
+
+    def _prefill(self, prompt: list[int], boundaries: Sequence[int], t0: float) -> PrefillResult:
+        n = len(prompt)
         held = len(self.tokens)
         if self.last_logits is not None and self.tokens == prompt:
             return PrefillResult("cached", held, 0, (time.perf_counter() - t0) * 1e3, 0.0, self.last_logits)
-        if 0 < held < len(prompt) and self.last_logits is not None and prompt[:held] == self.tokens:
-            mode, start = "extend", held
-        else:
+        can_extend = 0 < held < n and self.last_logits is not None and prompt[:held] == self.tokens
+        mode, start = ("extend", held) if can_extend else ("batched", 0)
+        tier, restore_ms, snap_bytes = None, 0.0, 0
+        if self.store is not None:
+            candidates = set(boundaries) | {n}
+            if self.every > 0:
+                candidates |= set(range(self.every, n + 1, self.every))
+            # Extending is already cheap: only a longer checkpoint in memory beats it.
+            hit = self.store.lookup(prompt, candidates, min_len=start + 1, slow=not can_extend)
+            if hit is not None:
+                t1 = time.perf_counter()
+                snap = hit.snapshot
+                # Memory snapshots are shared: copy. Slow-tier ones were parsed for us alone.
+                self.state = snap.state.copy() if hit.tier == "memory" else snap.state
+                self.tokens = prompt[:snap.n_tokens]
+                self.last_logits = None if snap.logits is None else np.array(snap.logits, copy=True)
+                tier, snap_bytes = hit.tier, hit.nbytes
+                restore_ms = hit.ms + (time.perf_counter() - t1) * 1e3
+                mode, start = f"snapshot_{hit.tier}", snap.n_tokens
+        if mode == "batched":
             self.reset()
-            mode, start = "batched", 0
-        logits = self._run(prompt[start:])
-        return PrefillResult(mode, start, len(prompt) - start, (time.perf_counter() - t0) * 1e3, 0.0, logits)
+        if start == n:
+            assert self.last_logits is not None
+            return PrefillResult(mode, n, 0, (time.perf_counter() - t0) * 1e3, restore_ms, self.last_logits,
+                                 tier, snap_bytes)
+        cps = checkpoint_positions(n, start, boundaries, self.every) if self.store is not None else []
+        logits, cp_bytes, cp_ms = self._run(prompt, start, cps)
+        return PrefillResult(mode, start, n - start, (time.perf_counter() - t0) * 1e3, restore_ms, logits,
+                             tier, snap_bytes, cps, cp_bytes, cp_ms)
 
     def step(self, token: int) -> np.ndarray:
         """Decode: one token through the model (the T == 1 path)."""
-        return self._run([token])
-
-    def _run(self, ids: list[int]) -> np.ndarray:
-        arr = np.asarray(ids, dtype=np.int64)
-        logits = None
         try:
-            for i in range(0, arr.size, self.prefill_chunk):
-                chunk = arr[i:i + self.prefill_chunk]
-                last = i + self.prefill_chunk >= arr.size
-                logits = self.model.forward(chunk, self.state, logits="last" if last else "none")
-                self.tokens.extend(int(t) for t in chunk)
+            logits = self.model.forward(np.array([int(token)], dtype=np.int64), self.state, logits="last")
+        except BaseException:
+            self.reset()
+            raise
+        self.tokens.append(int(token))
+        self.last_logits = logits
+        return logits
+
+    def _run(self, prompt: list[int], start: int, checkpoints: Sequence[int]) -> tuple[np.ndarray, int, float]:
+        """Batched forward over prompt[start:], split at `prefill_chunk` and the checkpoints."""
+        arr = np.asarray(prompt, dtype=np.int64)
+        end = arr.size
+        cps = sorted(p for p in checkpoints if start < p <= end)
+        hashes = prefix_hashes(prompt, cps) if cps else {}
+        logits = None
+        cp_bytes, cp_ms = 0, 0.0
+        pos = start
+        try:
+            while pos < end:
+                nxt = min(pos + self.prefill_chunk, end)
+                for p in cps:
+                    if pos < p < nxt:
+                        nxt = p
+                        break
+                logits = self.model.forward(arr[pos:nxt], self.state, logits="last" if nxt == end else "none")
+                self.tokens.extend(prompt[pos:nxt])
+                pos = nxt
+                if pos in hashes:
+                    t1 = time.perf_counter()
+                    cp_bytes += self._capture(prompt, pos, hashes[pos], logits if pos == end else None)
+                    cp_ms += (time.perf_counter() - t1) * 1e3
         except BaseException:
             self.reset()  # a half-advanced state must never be reused
             raise
         assert logits is not None
         self.last_logits = logits
-        return logits
+        return logits, cp_bytes, cp_ms
+
+    def _capture(self, prompt: list[int], n: int, prefix_hash: str, logits: np.ndarray | None) -> int:
+        store = self.store
+        if store is None:
+            return 0
+        key = (n, prefix_hash)
+        if store.has(key):
+            return 0
+        snap = Snapshot(np.asarray(prompt[:n], dtype=np.int32), self.state.copy(),
+                        None if logits is None else np.array(logits, dtype=np.float32, copy=True))
+        store.put(key, snap)
+        return snap.nbytes
