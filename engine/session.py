@@ -186,7 +186,7 @@ class Session:
         if store is None:
             return 0
         key = (n, prefix_hash)
-        if store.has(key):
+        if store.has(key, need_logits=logits is not None):
             return 0
         snap = Snapshot(np.asarray(prompt[:n], dtype=np.int32), self.state.copy(),
                         None if logits is None else np.array(logits, dtype=np.float32, copy=True))

@@ -365,7 +365,7 @@ class DirTier:
             os.utime(p)  # a hit counts as recent use for eviction
         except OSError:
             pass
-        return buf, (st.st_ino, st.st_mtime_ns, st.st_size)
+        return buf, (st.st_ino, st.st_size)  # a replace always brings a new inode
 
     def write(self, key: Key, data: bytes | bytearray) -> None:
         os.makedirs(self.dir, exist_ok=True)
@@ -390,7 +390,7 @@ class DirTier:
         try:
             if seen is not None:
                 st = os.stat(p)
-                if (st.st_ino, st.st_mtime_ns, st.st_size) != seen:
+                if (st.st_ino, st.st_size) != seen:
                     return False
             os.unlink(p)
             return True
@@ -612,7 +612,7 @@ class SnapshotStore:
 
     @property
     def tiers(self) -> list[str]:
-        return [t.name for t in ([self.memory] if self.memory else []) + self.slow_tiers]
+        return [t.name for t in ([self.memory] if self.memory is not None else []) + self.slow_tiers]
 
     # ---- lookup ------------------------------------------------------------------------
 
@@ -677,8 +677,6 @@ class SnapshotStore:
                 continue
             data, seen = got if isinstance(got, tuple) else (got, None)
             data = _owned(data)
-            if key[0] == len(tokens) and not _has_logits(data):
-                continue  # usable only as a prefix of a longer prompt
             try:
                 snap = deserialize(data, fingerprint=self.fingerprint, key=key, tokens=tokens, layout=self.layout,
                                    max_age_s=self.max_age_s)
@@ -689,6 +687,8 @@ class SnapshotStore:
                          detail=exc.detail, bytes=len(data), deleted=deleted)
                 continue
             self._written.add((tier.name, key))
+            if key[0] == len(tokens) and snap.logits is None:
+                continue  # a mid-prompt checkpoint: usable only as a prefix of a longer prompt
             return Restored(snap, tier.name, len(data), 0.0), data
         return None
 
@@ -707,8 +707,12 @@ class SnapshotStore:
 
     # ---- capture -----------------------------------------------------------------------
 
-    def has(self, key: Key) -> bool:
-        return self.memory is not None and key in self.memory
+    def has(self, key: Key, need_logits: bool = False) -> bool:
+        """Held in memory (with next-token logits, if asked)."""
+        if self.memory is None:
+            return False
+        snap = self.memory.get(key)
+        return snap is not None and (snap.logits is not None or not need_logits)
 
     def put(self, key: Key, snap: Snapshot) -> None:
         """Keep `snap` (already an independent copy) in memory now; queue the slower tiers."""
@@ -793,11 +797,3 @@ class SnapshotStore:
                     self._pending -= 1
                     self._cond.notify_all()
 
-
-def _has_logits(data: bytes | bytearray) -> bool:
-    """Cheap peek at a snapshot's array table for a `logits` entry (no checksum)."""
-    try:
-        _, _, _, hlen = _PRELUDE.unpack_from(data, 0)
-        return b'"name":"logits"' in bytes(memoryview(data)[_PRELUDE.size:_PRELUDE.size + min(hlen, _MAX_HEADER)])
-    except struct.error:
-        return True  # let deserialize report what is wrong
