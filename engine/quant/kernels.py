@@ -92,6 +92,13 @@ def _scale_min_k4(w, p, j):
     return _F32(sc), _F32(m)
 
 
+@njit(inline="always", cache=True)
+def _qf(v):
+    """Small non-negative integer -> float32 through int32, so LLVM keeps the lane math 32-bit
+    (numba types integer expressions as int64; a 64-bit sitofp would demand every bit)."""
+    return _F32(np.int32(v))
+
+
 @njit(cache=True)
 def _group_sums(x, group):
     """Sums of consecutive groups of ``group`` values of x (float32)."""
@@ -385,6 +392,11 @@ def _mv_q4_k(w, x, out):
             g = b * 8
             mins = dmin * (m0 * xs[g] + m1 * xs[g + 1] + m2 * xs[g + 2] + m3 * xs[g + 3]
                            + m4 * xs[g + 4] + m5 * xs[g + 5] + m6 * xs[g + 6] + m7 * xs[g + 7])
+            sixteenth = _F32(0.0625)
+            d1 *= sixteenth
+            d3 *= sixteenth
+            d5 *= sixteenth
+            d7 *= sixteenth
             q = p + 16
             o = b * 256
             s = _F32(0.0)
@@ -393,10 +405,11 @@ def _mv_q4_k(w, x, out):
                 a1 = row[q + 32 + l]
                 a2 = row[q + 64 + l]
                 a3 = row[q + 96 + l]
-                s += (d0 * _F32(a0 & 15) * x[o + l] + d1 * _F32(a0 >> 4) * x[o + 32 + l]
-                      + d2 * _F32(a1 & 15) * x[o + 64 + l] + d3 * _F32(a1 >> 4) * x[o + 96 + l]
-                      + d4 * _F32(a2 & 15) * x[o + 128 + l] + d5 * _F32(a2 >> 4) * x[o + 160 + l]
-                      + d6 * _F32(a3 & 15) * x[o + 192 + l] + d7 * _F32(a3 >> 4) * x[o + 224 + l])
+                # high nibbles as (a & 0xF0) with the scale pre-divided by 16: no shifts
+                s += (d0 * _qf((a0 & 15)) * x[o + l] + d1 * _qf((a0 & 240)) * x[o + 32 + l]
+                      + d2 * _qf((a1 & 15)) * x[o + 64 + l] + d3 * _qf((a1 & 240)) * x[o + 96 + l]
+                      + d4 * _qf((a2 & 15)) * x[o + 128 + l] + d5 * _qf((a2 & 240)) * x[o + 160 + l]
+                      + d6 * _qf((a3 & 15)) * x[o + 192 + l] + d7 * _qf((a3 & 240)) * x[o + 224 + l])
             acc += s - mins
         out[r] = acc
 
@@ -440,23 +453,30 @@ def _mv_q5_k(w, x, out):
             g = b * 8
             mins = dmin * (m0 * xs[g] + m1 * xs[g + 1] + m2 * xs[g + 2] + m3 * xs[g + 3]
                            + m4 * xs[g + 4] + m5 * xs[g + 5] + m6 * xs[g + 6] + m7 * xs[g + 7])
+            sixteenth = _F32(0.0625)
+            d1 *= sixteenth
+            d3 *= sixteenth
+            d5 *= sixteenth
+            d7 *= sixteenth
+            d6 *= _F32(0.25)
             q = p + 48
             o = b * 256
             s = _F32(0.0)
             for l in range(32):
-                h = np.int64(row[p + 16 + l])
-                a0 = np.int64(row[q + l])
-                a1 = np.int64(row[q + 32 + l])
-                a2 = np.int64(row[q + 64 + l])
-                a3 = np.int64(row[q + 96 + l])
-                s += (d0 * _F32((a0 & 15) | ((h & 1) << 4)) * x[o + l]
-                      + d1 * _F32((a0 >> 4) | ((h & 2) << 3)) * x[o + 32 + l]
-                      + d2 * _F32((a1 & 15) | ((h & 4) << 2)) * x[o + 64 + l]
-                      + d3 * _F32((a1 >> 4) | ((h & 8) << 1)) * x[o + 96 + l]
-                      + d4 * _F32((a2 & 15) | (h & 16)) * x[o + 128 + l]
-                      + d5 * _F32((a2 >> 4) | ((h & 32) >> 1)) * x[o + 160 + l]
-                      + d6 * _F32((a3 & 15) | ((h & 64) >> 2)) * x[o + 192 + l]
-                      + d7 * _F32((a3 >> 4) | ((h & 128) >> 3)) * x[o + 224 + l])
+                h = row[p + 16 + l]
+                a0 = row[q + l]
+                a1 = row[q + 32 + l]
+                a2 = row[q + 64 + l]
+                a3 = row[q + 96 + l]
+                # 16*q for high nibbles, 4*q for sub-block 6: masks and left shifts only
+                s += (d0 * _qf((a0 & 15) | ((h & 1) << 4)) * x[o + l]
+                      + d1 * _qf((a0 & 240) | ((h & 2) << 7)) * x[o + 32 + l]
+                      + d2 * _qf((a1 & 15) | ((h & 4) << 2)) * x[o + 64 + l]
+                      + d3 * _qf((a1 & 240) | ((h & 8) << 5)) * x[o + 96 + l]
+                      + d4 * _qf(((a2 & 15) | (h & 16))) * x[o + 128 + l]
+                      + d5 * _qf((a2 & 240) | ((h & 32) << 3)) * x[o + 160 + l]
+                      + d6 * _qf(((a3 & 15) << 2) | (h & 64)) * x[o + 192 + l]
+                      + d7 * _qf((a3 & 240) | ((h & 128) << 1)) * x[o + 224 + l])
             acc += s - mins
         out[r] = acc
 
@@ -511,31 +531,35 @@ def _mv_q6_k(w, x, out):
                                  + c20 * xs[g + 4] + c21 * xs[g + 5] + c30 * xs[g + 6] + c31 * xs[g + 7]
                                  + e00 * xs[g + 8] + e01 * xs[g + 9] + e10 * xs[g + 10] + e11 * xs[g + 11]
                                  + e20 * xs[g + 12] + e21 * xs[g + 13] + e30 * xs[g + 14] + e31 * xs[g + 15])
+            # t = 2, 3 terms are decoded as 16*q (masks and left shifts only): pre-divide
+            sixteenth = _F32(0.0625)
+            c20 *= sixteenth; c21 *= sixteenth; c30 *= sixteenth; c31 *= sixteenth
+            e20 *= sixteenth; e21 *= sixteenth; e30 *= sixteenth; e31 *= sixteenth
             o = b * 256
             s = _F32(0.0)
             for i in range(16):
                 # half 0, lanes i and 16+i
-                a = np.int64(row[p + i]); bb = np.int64(row[p + 32 + i]); c = np.int64(row[p + 128 + i])
-                A = np.int64(row[p + 16 + i]); B = np.int64(row[p + 48 + i]); C = np.int64(row[p + 144 + i])
-                s += (c00 * _F32((a & 15) | ((c & 3) << 4)) * x[o + i]
-                      + c10 * _F32((bb & 15) | ((c & 12) << 2)) * x[o + 32 + i]
-                      + c20 * _F32((a >> 4) | (c & 48)) * x[o + 64 + i]
-                      + c30 * _F32((bb >> 4) | ((c & 192) >> 2)) * x[o + 96 + i]
-                      + c01 * _F32((A & 15) | ((C & 3) << 4)) * x[o + 16 + i]
-                      + c11 * _F32((B & 15) | ((C & 12) << 2)) * x[o + 48 + i]
-                      + c21 * _F32((A >> 4) | (C & 48)) * x[o + 80 + i]
-                      + c31 * _F32((B >> 4) | ((C & 192) >> 2)) * x[o + 112 + i])
+                a = row[p + i]; bb = row[p + 32 + i]; c = row[p + 128 + i]
+                A = row[p + 16 + i]; B = row[p + 48 + i]; C = row[p + 144 + i]
+                s += (c00 * _qf((a & 15) | ((c & 3) << 4)) * x[o + i]
+                      + c10 * _qf((bb & 15) | ((c & 12) << 2)) * x[o + 32 + i]
+                      + c20 * _qf((a & 240) | ((c & 48) << 4)) * x[o + 64 + i]
+                      + c30 * _qf((bb & 240) | ((c & 192) << 2)) * x[o + 96 + i]
+                      + c01 * _qf((A & 15) | ((C & 3) << 4)) * x[o + 16 + i]
+                      + c11 * _qf((B & 15) | ((C & 12) << 2)) * x[o + 48 + i]
+                      + c21 * _qf((A & 240) | ((C & 48) << 4)) * x[o + 80 + i]
+                      + c31 * _qf((B & 240) | ((C & 192) << 2)) * x[o + 112 + i])
                 # half 1
-                a = np.int64(row[p + 64 + i]); bb = np.int64(row[p + 96 + i]); c = np.int64(row[p + 160 + i])
-                A = np.int64(row[p + 80 + i]); B = np.int64(row[p + 112 + i]); C = np.int64(row[p + 176 + i])
-                s += (e00 * _F32((a & 15) | ((c & 3) << 4)) * x[o + 128 + i]
-                      + e10 * _F32((bb & 15) | ((c & 12) << 2)) * x[o + 160 + i]
-                      + e20 * _F32((a >> 4) | (c & 48)) * x[o + 192 + i]
-                      + e30 * _F32((bb >> 4) | ((c & 192) >> 2)) * x[o + 224 + i]
-                      + e01 * _F32((A & 15) | ((C & 3) << 4)) * x[o + 144 + i]
-                      + e11 * _F32((B & 15) | ((C & 12) << 2)) * x[o + 176 + i]
-                      + e21 * _F32((A >> 4) | (C & 48)) * x[o + 208 + i]
-                      + e31 * _F32((B >> 4) | ((C & 192) >> 2)) * x[o + 240 + i])
+                a = row[p + 64 + i]; bb = row[p + 96 + i]; c = row[p + 160 + i]
+                A = row[p + 80 + i]; B = row[p + 112 + i]; C = row[p + 176 + i]
+                s += (e00 * _qf((a & 15) | ((c & 3) << 4)) * x[o + 128 + i]
+                      + e10 * _qf((bb & 15) | ((c & 12) << 2)) * x[o + 160 + i]
+                      + e20 * _qf((a & 240) | ((c & 48) << 4)) * x[o + 192 + i]
+                      + e30 * _qf((bb & 240) | ((c & 192) << 2)) * x[o + 224 + i]
+                      + e01 * _qf((A & 15) | ((C & 3) << 4)) * x[o + 144 + i]
+                      + e11 * _qf((B & 15) | ((C & 12) << 2)) * x[o + 176 + i]
+                      + e21 * _qf((A & 240) | ((C & 48) << 4)) * x[o + 208 + i]
+                      + e31 * _qf((B & 240) | ((C & 192) << 2)) * x[o + 240 + i])
             acc += s - offs
         out[r] = acc
 
