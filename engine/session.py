@@ -23,7 +23,7 @@ from engine.snapshots import Snapshot, SnapshotStore, prefix_hashes
 from engine.state import State
 
 DEFAULT_PREFILL_CHUNK = 512
-MIN_SEGMENT = 32  # checkpoints closer than this to the previous one are skipped (no tiny batches)
+MIN_SEGMENT = 8  # checkpoints closer than this to the previous one are skipped (no tiny batches)
 
 
 @dataclass
