@@ -14,6 +14,7 @@ NUMBA_CACHE = numba_cache.prepare()
 from .runtime import Runtime  # noqa: E402  (numba's cache directory must be set first)
 
 RUNTIME = Runtime()
+RUNTIME.init_extra = NUMBA_CACHE
 RUNTIME.start_init()
 
 

@@ -11,11 +11,13 @@ build under emulation produces the key a real Graviton looks up.
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
 
 MARKER = ".warmllm-copied"
+CPU_FILE = "cpu.json"
 
 
 def prepare(environ=os.environ) -> dict:
@@ -26,6 +28,18 @@ def prepare(environ=os.environ) -> dict:
         environ["NUMBA_CACHE_DIR"] = dst
     info["numba_cache_dir"] = dst
     src = environ.get("WARMLLM_NUMBA_CACHE_SRC")
+    # the CPU target the image compiled for (cpu.json, written by the Dockerfile): the run must use
+    # the same name and features or every cache lookup misses
+    target = os.path.join(src, CPU_FILE) if src else None
+    if target and os.path.isfile(target):
+        try:
+            with open(target) as f:
+                for k, v in json.load(f).items():
+                    if k in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES"):
+                        environ.setdefault(k, str(v))
+        except (OSError, ValueError):
+            pass
+    info["numba_cpu_name"] = environ.get("NUMBA_CPU_NAME")
     if not (src and dst and os.path.isdir(src)) or os.path.abspath(src) == os.path.abspath(dst):
         return info
     if os.path.exists(os.path.join(dst, MARKER)):
@@ -41,6 +55,7 @@ def prepare(environ=os.environ) -> dict:
             if not os.path.exists(target):
                 shutil.copy2(os.path.join(root, name), target)
                 n += 1
+
     with open(os.path.join(dst, MARKER), "w") as f:
         f.write(src)
     info.update(numba_cache_copied=True, numba_cache_files=n,

@@ -14,7 +14,7 @@ Stage fields, in order, are measured back to back and do not overlap::
     restore_ms    |  reported by the engine for its generate() call
     prefill_ms    |
     decode_ms    /
-    respond_ms   output parsing (reasoning, tool calls) and response/SSE building
+    respond_ms   output parsing (reasoning, tool calls), response/SSE building and serialisation
 
 ``total_ms`` is measured separately, handler entry to the log line. ``unaccounted_ms`` =
 total − Σ stages is printed so a gap is visible; it is within ``TOLERANCE_MS`` +
@@ -30,8 +30,8 @@ from contextlib import contextmanager
 
 STAGES = ("load_ms", "parse_ms", "template_ms", "tokenize_ms", "restore_ms", "prefill_ms", "decode_ms",
           "respond_ms")
-TOLERANCE_MS = 5.0
-TOLERANCE_FRAC = 0.02
+TOLERANCE_MS = 10.0
+TOLERANCE_FRAC = 0.03
 
 # metric name (= log field) → CloudWatch unit
 REQUEST_METRICS = {

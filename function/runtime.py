@@ -74,6 +74,7 @@ class Runtime:
         self._load_started = 0.0
         self._init_reported = False
         self._init_fields: dict = {}
+        self.init_extra: dict = {}          # e.g. the numba cache preparation, for the init line
         self._gen_lock = threading.Lock()
         self._state_lock = threading.Lock()
         self.requests_served = 0
@@ -137,7 +138,7 @@ class Runtime:
         if self._init_reported:
             return
         self._init_reported = True
-        init_line({"phase": phase, **self._init_fields})
+        init_line({"phase": phase, **self._init_fields, **self.init_extra})
 
     def wait_for_engine(self, until_mono: float):
         """The engine, or a 503 saying why not (still loading at the deadline, or failed)."""
@@ -220,7 +221,8 @@ class Runtime:
 
     def _finish(self, log: RequestLog, kind: str, status: int, body, headers, *, content_type="application/json",
                 error_code=None):
-        resp = events.to_response(kind, status, body, content_type=content_type, headers=headers)
+        with log.stage("respond_ms"):
+            resp = events.to_response(kind, status, body, content_type=content_type, headers=headers)
         log.finish(status, error_code)
         return resp
 
@@ -278,18 +280,25 @@ class Runtime:
             return eng.generate(prompt, max_tokens=mt, sampling=sampling, stop=list(greq.stop),
                                 deadline=dl.at, on_text=pieces.append)
 
-        t_try = time.perf_counter()
+        def attempt(mt):
+            # a refused attempt has tokenized the prompt and checked its length: that time is tokenize_ms
+            t = time.perf_counter()
+            try:
+                return run(mt)
+            except (ContextOverflow, ValueError):
+                log.add_ms("tokenize_ms", (time.perf_counter() - t) * 1000.0)
+                raise
+
         try:
             try:
-                result = run(max_tokens)
+                result = attempt(max_tokens)
             except ContextOverflow as exc:
                 if explicit or exc.prompt_tokens >= exc.n_ctx:
                     raise context_overflow(exc.prompt_tokens, exc.max_tokens if explicit else 1, exc.n_ctx,
                                            param) from None
                 # no max_tokens given: fill the rest of the context (the deadline still applies)
-                log.add_ms("tokenize_ms", (time.perf_counter() - t_try) * 1000.0)
-                result = run(exc.n_ctx - exc.prompt_tokens)
                 max_tokens = exc.n_ctx - exc.prompt_tokens
+                result = attempt(max_tokens)
         except ContextOverflow as exc:
             raise context_overflow(exc.prompt_tokens, exc.max_tokens, exc.n_ctx, param) from None
         except APIError:

@@ -1,0 +1,59 @@
+# syntax=docker/dockerfile:1.7
+# warmllm — the Lambda container image (primary deployment). Python 3.12, awslambdaric entry point,
+# numba kernels compiled at build time for a CPU every Lambda of that architecture has.
+#
+#   sam build && sam deploy --guided                      (builds this for template.yaml's Architecture)
+#   docker buildx build --platform linux/arm64 -t warmllm:arm64 .
+#   docker buildx build --platform linux/amd64 -t warmllm:x86_64 .
+#
+# Bake a model in: put the GGUF into models/ before building and deploy with
+# ModelPath=/opt/model/<file>.gguf. Otherwise give ModelS3Uri (downloaded to /tmp) or an EFS path.
+FROM python:3.12-slim-bookworm
+
+ARG TARGETARCH
+ENV LAMBDA_TASK_ROOT=/var/task \
+    PYTHONPATH=/var/task \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    NUMBA_CACHE_DIR=/tmp/numba-cache \
+    WARMLLM_NUMBA_CACHE_SRC=/opt/numba-cache
+
+WORKDIR /var/task
+
+# Dependencies: exactly pyproject.toml's runtime list (pinned numpy/numba/llvmlite), awslambdaric included.
+COPY pyproject.toml ./
+RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml','rb'))['project']['dependencies']))" \
+        > /tmp/requirements.txt \
+ && pip install -r /tmp/requirements.txt \
+ && SP=$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') \
+ && rm -rf "$SP/numba/tests" "$SP/numba/cuda" "$SP/numpy/_core/tests" "$SP/llvmlite/tests" \
+ && rm /tmp/requirements.txt
+
+COPY engine ./engine
+COPY function ./function
+# models* matches nothing in a fresh clone; pyproject.toml keeps the COPY valid either way.
+COPY pyproject.toml models* /opt/model/
+
+# Kernel cache: compile for a fixed CPU target (neoverse-n1 on arm64 — every Lambda Graviton runs
+# it and it keeps NEON + sdot; x86-64-v3 on x86_64) with the CPU's own feature set (empty
+# NUMBA_CPU_FEATURES), so a build under emulation writes the cache key a real Lambda CPU looks up.
+# /var/task is read-only at run time and numba only uses writable cache directories, so the cache
+# is built in /opt/numba-cache and function/numba_cache.py copies it to /tmp/numba-cache at cold start.
+RUN set -eux; \
+    rm -f /opt/model/pyproject.toml; \
+    case "${TARGETARCH:-$(uname -m)}" in \
+      arm64|aarch64) cpu=neoverse-n1 ;; \
+      amd64|x86_64)  cpu=x86-64-v3 ;; \
+      *)             cpu=generic ;; \
+    esac; \
+    mkdir -p /opt/numba-cache; \
+    printf '{"NUMBA_CPU_NAME": "%s", "NUMBA_CPU_FEATURES": ""}\n' "$cpu" > /opt/numba-cache/cpu.json; \
+    NUMBA_CPU_NAME="$cpu" NUMBA_CPU_FEATURES="" NUMBA_CACHE_DIR=/opt/numba-cache \
+        python -m function.warm_kernels --weights Q4_K_M,Q8_0,F32; \
+    python -m compileall -q /var/task/engine /var/task/function; \
+    chmod -R a+rX /var/task /opt/numba-cache /opt/model
+
+ENTRYPOINT ["python", "-m", "awslambdaric"]
+CMD ["function.app.handler"]

@@ -1,0 +1,42 @@
+"""The generation deadline: the earlier of Lambda's remaining time and the API deadline counted
+from when API Gateway received the request, less the margin."""
+from __future__ import annotations
+
+from function.deadline import compute
+
+
+class Ctx:
+    def __init__(self, ms):
+        self.ms = ms
+
+    def get_remaining_time_in_millis(self):
+        return self.ms
+
+
+def test_lambda_remaining_time_wins_when_shorter(monkeypatch):
+    monkeypatch.delenv("API_DEADLINE_S", raising=False)
+    d = compute(Ctx(5000), None, 100.0, now_mono=100.0, now_wall=1000.0)
+    assert d.source == "lambda" and abs(d.at - (100.0 + 5.0 - 0.5)) < 1e-9
+
+
+def test_api_deadline_counts_from_api_gateway_receipt(monkeypatch):
+    monkeypatch.setenv("API_DEADLINE_S", "10")
+    # the request reached API Gateway 3 s ago (a cold start): 10 - 3 - 0.5 left
+    d = compute(Ctx(900_000), 997_000, 100.0, now_mono=100.0, now_wall=1000.0)
+    assert d.source == "api" and abs(d.at - (100.0 + 7.0 - 0.5)) < 1e-6
+
+
+def test_untrusted_timestamps_fall_back_to_handler_start(monkeypatch):
+    monkeypatch.setenv("API_DEADLINE_S", "10")
+    for epoch_ms in (500_000, 2_000_000):             # 500 s old / in the future
+        d = compute(Ctx(900_000), epoch_ms, 100.0, now_mono=101.0, now_wall=1000.0)
+        assert abs(d.at - (100.0 + 10.0 - 0.5)) < 1e-9
+
+
+def test_default_and_margin_env(monkeypatch):
+    monkeypatch.delenv("API_DEADLINE_S", raising=False)
+    monkeypatch.setenv("DEADLINE_MARGIN_S", "1")
+    d = compute(None, None, 0.0, now_mono=0.0, now_wall=0.0)
+    assert d.at == 27.0 and d.source == "api"
+    monkeypatch.setenv("API_DEADLINE_S", "garbage")
+    assert compute(None, None, 0.0, now_mono=0.0, now_wall=0.0).at == 27.0
