@@ -1,0 +1,97 @@
+"""engine.quant.kernels: numba kernels against the numpy reference decoder."""
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+
+from engine.quant import formats as F
+from engine.quant import kernels as K
+
+ALL = [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K]
+# matvec uses fastmath (reassociation, FMA) in float32: |out - ref| <= RTOL * sum_j |w_ij x_j|
+RTOL = 2e-5
+
+
+def _matrix(qtype, rows, cols, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((rows, cols), dtype=np.float32)
+    x[0] *= 1e-3  # a row of small magnitudes (small / subnormal-ish f16 scales)
+    raw = F.quantize(x, qtype)
+    return raw, F.dequantize(raw, qtype, (rows, cols))
+
+
+@pytest.mark.parametrize("qtype", ALL, ids=lambda t: t.name)
+def test_dequantize_rows_into_bit_identical(qtype):
+    rows, cols = 13, 512  # 13 rows: not divisible by the thread count
+    raw, ref = _matrix(qtype, rows, cols, 0)
+    out = np.full((rows, cols), np.nan, dtype=np.float32)
+    K.dequantize_rows_into(qtype, raw, out)
+    np.testing.assert_array_equal(out.view(np.uint32), ref.view(np.uint32))
+    # a 1-D byte view (as sliced from an mmap) works too
+    out2 = np.empty_like(out)
+    K.dequantize_rows_into(qtype, raw.reshape(-1), out2)
+    np.testing.assert_array_equal(out2.view(np.uint32), ref.view(np.uint32))
+
+
+@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, T.Q4_1, T.F16], ids=lambda t: t.name)
+def test_dequantize_rows_into_random_bytes(qtype):
+    # arbitrary bit patterns (not just what our quantizer emits), with finite f16 scales
+    fmt = F.get_format(qtype)
+    rng = np.random.default_rng(1)
+    rows, cols = 5, 2 * 256
+    raw = rng.integers(0, 256, (rows, F.row_bytes(qtype, cols)), dtype=np.uint8)
+    blocks = raw.reshape(-1, fmt.type_size)
+    if qtype == T.F16:
+        blocks.view(np.uint16)[:] &= np.uint16(0xFBFF)
+    else:
+        offs = {T.Q8_0: [0], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208], T.Q4_1: [0, 2]}[qtype]
+        for o in offs:
+            s = rng.uniform(-1, 1, len(blocks)) * 2.0 ** rng.integers(-24, 5, len(blocks))
+            blocks[:, o:o + 2] = s.astype(np.float16).view(np.uint8).reshape(-1, 2)
+    ref = F.dequantize(raw, qtype, (rows, cols))
+    out = np.empty((rows, cols), np.float32)
+    K.dequantize_rows_into(qtype, raw, out)
+    np.testing.assert_array_equal(out.view(np.uint32), ref.view(np.uint32))
+
+
+@pytest.mark.parametrize("qtype", ALL, ids=lambda t: t.name)
+@pytest.mark.parametrize("rows", [1, 7, 33])
+def test_matvec_close_to_reference(qtype, rows):
+    cols = 768
+    raw, W = _matrix(qtype, rows, cols, rows)
+    x = np.random.default_rng(9).standard_normal(cols, dtype=np.float32)
+    out = np.full(rows, np.nan, dtype=np.float32)
+    K.matvec(qtype, raw, x, out)
+    W64 = W.astype(np.float64)
+    ref = W64 @ x
+    scale = np.abs(W64) @ np.abs(x.astype(np.float64))
+    assert np.all(np.abs(out - ref) <= RTOL * scale + 1e-30), np.max(np.abs(out - ref) / scale)
+
+
+def test_matvec_detects_a_wrong_row():
+    # guard that the tolerance above is meaningful: one flipped weight byte must be caught
+    raw, W = _matrix(T.Q4_K, 4, 512, 3)
+    x = np.random.default_rng(2).standard_normal(512, dtype=np.float32)
+    bad = raw.copy()
+    bad[2, 200] ^= 0x0F
+    out = np.empty(4, np.float32)
+    K.matvec(T.Q4_K, bad, x, out)
+    ref = W.astype(np.float64) @ x
+    scale = np.abs(W.astype(np.float64)) @ np.abs(x)
+    assert np.abs(out[2] - ref[2]) > RTOL * scale[2]
+
+
+def test_argument_checks():
+    raw, _ = _matrix(T.Q8_0, 4, 64, 0)
+    with pytest.raises(ValueError):
+        K.matvec(T.Q8_0, raw, np.zeros(64, np.float64), np.zeros(4, np.float32))
+    with pytest.raises(ValueError):
+        K.matvec(T.Q8_0, raw, np.zeros(64, np.float32), np.zeros(5, np.float32))
+    with pytest.raises(ValueError):
+        K.dequantize_rows_into(T.Q8_0, raw, np.zeros((4, 96), np.float32))
+    with pytest.raises(F.UnsupportedWeightType):
+        K.matvec(T.Q2_K, raw, np.zeros(64, np.float32), np.zeros(4, np.float32))
+
+
+def test_bench_matvec_reports_positive_rate():
+    assert K.bench_matvec(T.Q4_K, 64, 512, reps=2) > 0
