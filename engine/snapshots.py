@@ -590,6 +590,9 @@ class SnapshotStore:
         self._thread: threading.Thread | None = None
         self._written: set[tuple[str, Key]] = set()  # (tier, key) known present in that tier
         self._closed = False
+        if self.s3 is not None and s3_client is None:
+            # boto3's import and client setup take ~0.3 s: do it now, off the request path
+            threading.Thread(target=lambda: self.s3.client, name="warmllm-s3-client", daemon=True).start()
         if self.slow_tiers and flush_at_exit_s > 0:
             atexit.register(self._flush_at_exit, flush_at_exit_s)
 

@@ -338,3 +338,19 @@ def test_cold_second_process_restores_from_s3(tiny_model_path):
         assert res["mode"] == "snapshot_s3" and res["reused"] > 0 and res["tier"] == "s3" and res["bytes"] > 0
     finally:
         server.stop()
+
+
+def test_agent_prefix_bench_shape(tiny_model_path):
+    """Shape only (timings on the tiny model mean nothing): every case runs in its mode."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
+    p = subprocess.run([sys.executable, "-m", "bench.agent_prefix", "--model", str(tiny_model_path), "--s3"],
+                       env=env, capture_output=True, text=True, timeout=600, cwd=str(ROOT))
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout)
+    modes = {k: out[k]["mode"] for k in ("turn1", "a", "b", "c_dir", "c_s3")}
+    assert modes == {"turn1": "batched", "a": "extend", "b": "snapshot_memory", "c_dir": "snapshot_efs",
+                     "c_s3": "snapshot_s3"}
+    assert set(out["ratios"]) == {"a", "b", "c_dir", "c_s3"} and out["flushed"]
+    assert out["snapshot_writes"] and all(w["bytes"] > 0 for w in out["snapshot_writes"])
+    assert out["c_s3"]["reused_tokens"] > 0 and out["c_s3"]["snapshot_bytes"] > 0
