@@ -104,3 +104,29 @@ def test_cli_error_is_one_line(tmp_path):
     r = subprocess.run([sys.executable, "-m", "engine", "info", "--model", str(p)], capture_output=True, text=True)
     assert r.returncode == 1
     assert r.stderr.count("\n") == 1 and "not a GGUF" in r.stderr
+
+
+@pytest.mark.parametrize("weights", ["F32", "Q4_K_M", "BF16"])
+def test_parser_agrees_with_gguf_reader(model_factory, weights):
+    """Our header parser is checked against gguf-py's reader, the independent implementation."""
+    from gguf import GGUFReader
+
+    path = model_factory("tiny", weights)
+    ours = GGUFFile(path)
+    ref = GGUFReader(str(path))
+    for t in ref.tensors:
+        view = ours.tensor(t.name)
+        assert view.qtype == t.tensor_type
+        assert view.shape == tuple(int(d) for d in reversed(t.shape.tolist()))
+        assert np.array_equal(view.data.reshape(-1), np.asarray(t.data).view(np.uint8).reshape(-1))
+    assert len(ours.tensor_names) == len(ref.tensors)
+    for key, field in ref.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        assert ours.metadata[key] == field.contents(), key
+
+
+def test_fingerprint_changes_with_the_model(model_factory):
+    a = GGUFFile(model_factory("tiny", "F32", 0)).header_fingerprint()
+    assert a == GGUFFile(model_factory("tiny", "F32", 0)).header_fingerprint()
+    assert a != GGUFFile(model_factory("tiny", "Q8_0", 0)).header_fingerprint()
