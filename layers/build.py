@@ -8,9 +8,9 @@
    what only the container image uses (awslambdaric).
 2. Slim: delete what the engine never imports (test suites, ``numba.cuda``, the Hugging Face
    hub client and ``hf_xet`` that ``tokenizers`` pulls in, numpy's f2py/typing/headers,
-   ``__pycache__``, type stubs) and strip the shared objects (``llvm-strip`` or a binutils
-   ``strip`` that knows the target; without one the objects stay as they are and the report
-   says so).
+   ``__pycache__``, type stubs) and strip llvmlite's LLVM library (``llvm-strip`` or a binutils
+   ``strip`` that knows the target; without one it stays as it is and the report says so).
+   Other shared objects are left alone: stripping patchelf-repaired wheels breaks them.
 3. Print the unzipped size, the biggest packages, and the size of the function code
    (``engine/`` + ``function/``) that the zip adds; exit 1 when layer + code exceed Lambda's
    250 MB (262,144,000 bytes) unzipped limit.
@@ -53,6 +53,10 @@ DROP_PATHS = ["numba/cuda", "numba/tests", "numba/testing/notebook", "numpy/f2py
               "aws_lambda_powertools/utilities/idempotency", "aws_lambda_powertools/utilities/batch"]
 DROP_DIR_NAMES = {"tests", "test", "__pycache__", "testing_data"}
 KEEP_DIR_PATHS = {"numba/testing", "numpy/testing"}     # imported by numba / numpy at import time
+# Only these shared objects are stripped. auditwheel-repaired extensions (numpy's, numpy.libs/*)
+# were rewritten by patchelf, and stripping them corrupts their program headers ("ELF load command
+# address/offset not page-aligned" at import: measured here). llvmlite's LLVM is the big win.
+STRIP = ["llvmlite/binding/libllvmlite.so"]
 DROP_SUFFIXES = (".pyi", ".pyc", ".pyx", ".pxd", ".c", ".cpp", ".h", ".hpp", ".a")
 
 
@@ -139,7 +143,7 @@ def slim(target: Path, arch: str) -> dict:
     strip = find_strip(arch)
     stripped_saved = 0
     if strip:
-        for so in target.rglob("*.so*"):
+        for so in (target / rel for rel in STRIP):
             if so.is_file() and not so.is_symlink():
                 before = so.stat().st_size
                 r = subprocess.run([*strip, str(so)], capture_output=True)
