@@ -336,13 +336,11 @@ def moto_server():
 def test_s3_over_http_with_moto_server(moto_server):
     log = Log()
     snap = make_snap(33, logits=True)
-    st = store(memory_mb=0, s3_uri="s3://snaps/http", log=log)
-    st.s3._endpoint_url = moto_server  # the store builds its own boto3 client
+    st = store(memory_mb=0, s3_uri="s3://snaps/http", s3_endpoint_url=moto_server, log=log)  # its own client
     st.put(key_of(snap), snap)
     assert st.flush(20)
     assert log.of("snapshot_write")[0]["ok"]
-    st2 = store(memory_mb=0, s3_uri="s3://snaps/http", log=log)
-    st2.s3._endpoint_url = moto_server
+    st2 = store(memory_mb=0, s3_uri="s3://snaps/http", s3_endpoint_url=moto_server, log=log)
     hit = st2.lookup(snap.tokens.tolist(), [5, 33])
     assert hit.tier == "s3" and hit.snapshot.state.max_abs_diff(snap.state) == 0.0
 
@@ -384,9 +382,7 @@ def test_two_processes_writing_the_same_key(kind, tmp_path, moto_server):
         out, err = p.communicate(timeout=120)
         assert p.returncode == 0 and out.strip() == "done", err
     st = store(tmp_path if kind == "dir" else None, memory_mb=0,
-               s3_uri="s3://snaps/race" if kind == "s3" else None)
-    if kind == "s3":
-        st.s3._endpoint_url = moto_server
+               s3_uri="s3://snaps/race" if kind == "s3" else None, s3_endpoint_url=moto_server)
     hit = st.lookup(snap.tokens.tolist(), [64])
     assert hit is not None and hit.snapshot.state.max_abs_diff(snap.state) == 0.0
     if kind == "dir":
