@@ -14,6 +14,7 @@ from gguf import GGMLQuantizationType
 
 from engine.gguf_file import TensorView
 from engine.quant import formats, kernels
+from engine.quant.activations import round_activations
 
 
 @dataclass
@@ -53,6 +54,7 @@ class Linear:
         x = np.ascontiguousarray(x, dtype=np.float32)
         if self._f32 is not None:
             return x @ self._f32.T
+        x = round_activations(x, self.qtype)
         if x.shape[0] == 1:
             out = np.empty((1, self.out_features), dtype=np.float32)
             kernels.matvec(self.qtype, self.raw, x[0], out[0])

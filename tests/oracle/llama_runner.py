@@ -23,10 +23,16 @@ def tokenize(llm, texts: list[str]) -> list[list[int]]:
     return [llm.tokenize(t.encode("utf-8"), add_bos=True, special=True) for t in texts]
 
 
+def logits_of(llm) -> np.ndarray:
+    # With logits_all=False llama.cpp keeps only the last position's row; llama-cpp-python no
+    # longer copies it into `scores`, so read it from the context.
+    return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),)).astype(np.float32)
+
+
 def last_logits(llm, prompt: list[int]) -> np.ndarray:
     llm.reset()
     llm.eval(prompt)
-    return np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
+    return logits_of(llm)
 
 
 def greedy(llm, prompt: list[int], n: int) -> list[int]:
@@ -34,7 +40,7 @@ def greedy(llm, prompt: list[int], n: int) -> list[int]:
     llm.eval(prompt)
     out = []
     for _ in range(n):
-        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        tok = int(np.argmax(logits_of(llm)))
         out.append(tok)
         llm.eval([tok])
     return out
