@@ -8,7 +8,7 @@ WEIGHTS ?= Q4_K_M
 MODEL  ?= models/$(PRESET)-$(WEIGHTS).gguf
 export NUMBA_CACHE_DIR ?= $(CURDIR)/.numba_cache
 
-.PHONY: install run test test-oracle oracle-fixtures bench serve layer model clean
+.PHONY: install run generate test test-oracle oracle-fixtures bench serve layer model clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,8 +23,24 @@ $(MODEL): | $(STAMP)
 
 model: $(MODEL)
 
+# Invokes the Lambda handler locally on a sample event: prints the response and the log line.
+EVENT ?= events/chat_http_api.json
 run: $(STAMP) $(MODEL)
+	MODEL_PATH=$(MODEL) $(PY) -m function $(EVENT)
+
+# The engine alone, without the function.
+generate: $(STAMP) $(MODEL)
 	$(PY) -m engine generate --model $(MODEL) --prompt "The warm Lambda says" --max-tokens 16 --json
+
+# A local OpenAI-compatible server on 127.0.0.1 that turns requests into HTTP API v2 events.
+PORT ?= 8080
+serve: $(STAMP) $(MODEL)
+	MODEL_PATH=$(MODEL) $(PY) -m function.serve --host 127.0.0.1 --port $(PORT)
+
+# Slimmed dependency layer for the zip deployment; prints its size, fails above 250 MB.
+ARCH ?= arm64
+layer: $(STAMP)
+	$(PY) layers/build.py --arch $(ARCH)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
