@@ -8,8 +8,23 @@ the value heads, v (T, H, d_v), g and beta (T, H), S (H, d_k, d_v).
 from __future__ import annotations
 
 import numpy as np
+from numba import njit, prange
+
+from engine.threads import blas_single_thread
 
 CHUNK = 64
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def _conv_rows(xp, wt, y):
+    T, C = y.shape
+    K = wt.shape[0]
+    for t in prange(T):
+        for c in range(C):
+            y[t, c] = xp[t, c] * wt[0, c]
+        for j in range(1, K):
+            for c in range(C):
+                y[t, c] += xp[t + j, c] * wt[j, c]
 
 
 def causal_conv1d(x: np.ndarray, tail: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -17,12 +32,10 @@ def causal_conv1d(x: np.ndarray, tail: np.ndarray, w: np.ndarray) -> tuple[np.nd
 
     Returns (y (T, C), new tail (K-1, C)).
     """
-    K = w.shape[1]
     T = x.shape[0]
-    xp = np.concatenate([tail, x], axis=0)  # (T + K - 1, C)
-    y = xp[0:T] * w[:, 0]
-    for j in range(1, K):
-        y += xp[j:j + T] * w[:, j]
+    xp = np.concatenate([tail, x], axis=0).astype(np.float32, copy=False)  # (T + K - 1, C)
+    y = np.empty((T, x.shape[1]), dtype=np.float32)
+    _conv_rows(xp, np.ascontiguousarray(w.T, dtype=np.float32), y)
     return y, np.ascontiguousarray(xp[T:])
 
 
@@ -44,11 +57,64 @@ def gated_delta_step(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray,
     return o[None].astype(np.float32, copy=False), S
 
 
+@njit(parallel=True, fastmath=True, cache=True)
+def _intra_chunk(qc, kc, vc, G, bc):
+    """Per (head, chunk), everything that does not depend on the carried state:
+    U_b = M⁻¹·diag(β)V, W = M⁻¹·diag(β·e^G)K with M = I + strictly-lower(diag(β)·(KKᵀ ∘ decay)),
+    and QKᵀ ∘ decay (inclusive lower triangle). M⁻¹ is applied by forward substitution.
+    Shapes: qc, kc (H, N, C, dk); vc (H, N, C, dv); G, bc (H, N, C)."""
+    H, N, C, dk = kc.shape
+    dv = vc.shape[3]
+    Ub = np.empty((H, N, C, dv), dtype=np.float32)
+    W = np.empty((H, N, C, dk), dtype=np.float32)
+    QK = np.zeros((H, N, C, C), dtype=np.float32)
+    for hn in prange(H * N):
+        h = hn // N
+        n = hn % N
+        k = kc[h, n]
+        q = qc[h, n]
+        g = G[h, n]
+        b = bc[h, n]
+        A = np.zeros((C, C), dtype=np.float32)
+        for t in range(C):
+            for s in range(t + 1):
+                decay = np.exp(g[t] - g[s])
+                kk = np.float32(0.0)
+                qk = np.float32(0.0)
+                for i in range(dk):
+                    kk += k[t, i] * k[s, i]
+                    qk += q[t, i] * k[s, i]
+                QK[h, n, t, s] = qk * decay
+                if s < t:
+                    A[t, s] = b[t] * kk * decay
+        u = Ub[h, n]
+        w = W[h, n]
+        for t in range(C):
+            bt = b[t]
+            be = bt * np.exp(g[t])
+            for i in range(dv):
+                u[t, i] = bt * vc[h, n, t, i]
+            for i in range(dk):
+                w[t, i] = be * k[t, i]
+            for s in range(t):
+                a = A[t, s]
+                if a != 0.0:
+                    for i in range(dv):
+                        u[t, i] -= a * u[s, i]
+                    for i in range(dk):
+                        w[t, i] -= a * w[s, i]
+    return Ub, W, QK
+
+
 def gated_delta_chunked(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray,
                         beta: np.ndarray, S: np.ndarray, chunk: int = CHUNK) -> tuple[np.ndarray, np.ndarray]:
-    """T tokens in chunks of `chunk`: intra-chunk parts for all chunks at once, then one
-    short loop over chunks carrying the state. Padded positions have beta = 0 and g = 0,
-    so they change nothing."""
+    """T tokens in chunks of `chunk`: the state-independent parts of every chunk at once
+    (numba, parallel over head × chunk), then one short loop over chunks carrying the state
+    with batched matrix products (BLAS). Padded positions have beta = 0 and g = 0, so they
+    change nothing.
+
+    With U = U_b − W·S₀ per chunk: O = diag(e^G)·Q·S₀ + (QKᵀ∘decay)·U and
+    S₁ = e^{G_last}·S₀ + (K∘e^{G_last−G})ᵀ·U."""
     T, H, dk = q.shape
     dv = v.shape[2]
     C = chunk
@@ -59,36 +125,24 @@ def gated_delta_chunked(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarr
         if pad:
             a = np.concatenate([a, np.zeros((pad,) + a.shape[1:], dtype=a.dtype)], axis=0)
         a = np.moveaxis(a, 1, 0)  # (H, T', ...)
-        return np.ascontiguousarray(a.reshape((H, N, C) + a.shape[2:]))
+        return np.ascontiguousarray(a.reshape((H, N, C) + a.shape[2:]), dtype=np.float32)
 
     qc, kc, vc = heads_chunks(q), heads_chunks(k), heads_chunks(v)  # (H, N, C, d)
     gc, bc = heads_chunks(g), heads_chunks(beta)  # (H, N, C)
-
     G = np.cumsum(gc, axis=2, dtype=np.float32)  # cumulative log-decay within each chunk
-    incl = np.tril(np.ones((C, C), dtype=bool))
-    strict = np.tril(np.ones((C, C), dtype=bool), -1)
-    diff = G[..., :, None] - G[..., None, :]  # (H, N, C_t, C_s)
-    decay = np.exp(np.where(incl, diff, -np.inf)).astype(np.float32)
+    Ub, W, QK = _intra_chunk(qc, kc, vc, G, bc)
 
-    kk = kc @ np.swapaxes(kc, -1, -2)
-    A = np.where(strict, kk * decay * bc[..., :, None], 0.0).astype(np.float32)
-    M = A + np.eye(C, dtype=np.float32)
-    eG = np.exp(G)
-    rhs = np.concatenate([bc[..., None] * vc, (bc * eG)[..., None] * kc], axis=-1)
-    sol = np.linalg.solve(M, rhs).astype(np.float32)  # unit lower-triangular systems
-    Ub, W = sol[..., :dv], sol[..., dv:]
-
-    qk = np.where(incl, (qc @ np.swapaxes(kc, -1, -2)) * decay, 0.0).astype(np.float32)
-    qg = qc * eG[..., None]
+    qg = qc * np.exp(G)[..., None]
     G_last = G[..., -1]  # (H, N)
-    kd = np.swapaxes(kc * np.exp(G_last[..., None] - G)[..., None], -1, -2)  # (H, N, dk, C)
+    kd = np.ascontiguousarray(np.swapaxes(kc * np.exp(G_last[..., None] - G)[..., None], -1, -2))  # (H, N, dk, C)
     g_last = np.exp(G_last)
 
     out = np.empty((H, N, C, dv), dtype=np.float32)
     S = np.array(S, dtype=np.float32, copy=True)
-    for n in range(N):
-        U = Ub[:, n] - W[:, n] @ S  # (H, C, dv)
-        out[:, n] = qg[:, n] @ S + qk[:, n] @ U
-        S = g_last[:, n, None, None] * S + kd[:, n] @ U
+    with blas_single_thread():
+        for n in range(N):
+            U = Ub[:, n] - W[:, n] @ S  # (H, C, dv)
+            out[:, n] = qg[:, n] @ S + QK[:, n] @ U
+            S = g_last[:, n, None, None] * S + kd[:, n] @ U
     o = np.moveaxis(out.reshape(H, N * C, dv)[:, :T], 0, 1)  # (T, H, dv)
     return np.ascontiguousarray(o), S

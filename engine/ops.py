@@ -1,22 +1,81 @@
-"""Elementwise and normalisation ops shared by the model's mixers (f32 in, f32 out)."""
+"""Elementwise and normalisation ops shared by the model's mixers (f32 in, f32 out).
+
+numba kernels, parallel over rows: on (512, 3584) activations the numpy versions cost more
+than the dequantization (profile of a 0.8B prefill: sigmoid/silu 0.8 s, conv 0.4 s of 12 s
+CPU), because each numpy expression makes temporaries and passes over memory again.
+"""
 from __future__ import annotations
 
 import numpy as np
+from numba import njit, prange
+
+_K = dict(parallel=True, fastmath=True, cache=True)
+
+
+@njit(**_K)
+def _rms_norm_rows(x, w, eps, out):
+    n = x.shape[1]
+    for r in prange(x.shape[0]):
+        ss = np.float32(0.0)
+        for i in range(n):
+            ss += x[r, i] * x[r, i]
+        inv = np.float32(1.0) / np.sqrt(ss / np.float32(n) + eps)
+        for i in range(n):
+            out[r, i] = x[r, i] * inv * w[i]
 
 
 def rms_norm(x: np.ndarray, w: np.ndarray | None, eps: float) -> np.ndarray:
     """x / sqrt(mean(x²) + eps) · w over the last axis."""
-    ms = np.einsum("...d,...d->...", x, x, dtype=np.float32) / np.float32(x.shape[-1])
-    y = x * (1.0 / np.sqrt(ms + np.float32(eps)))[..., None].astype(np.float32)
-    return y * w if w is not None else y
+    shape = x.shape
+    x2 = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, shape[-1])
+    if w is None:
+        w = np.ones(shape[-1], dtype=np.float32)
+    out = np.empty_like(x2)
+    _rms_norm_rows(x2, np.ascontiguousarray(w, dtype=np.float32), np.float32(eps), out)
+    return out.reshape(shape)
+
+
+@njit(**_K)
+def _sigmoid_flat(x, out):
+    for i in prange(x.size):
+        out[i] = np.float32(1.0) / (np.float32(1.0) + np.exp(-x[i]))
+
+
+@njit(**_K)
+def _silu_flat(x, out):
+    for i in prange(x.size):
+        v = x[i]
+        out[i] = v / (np.float32(1.0) + np.exp(-v))
+
+
+@njit(**_K)
+def _silu_mul_flat(g, u, out):
+    for i in prange(g.size):
+        v = g[i]
+        out[i] = v / (np.float32(1.0) + np.exp(-v)) * u[i]
+
+
+def _flat(x: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
-    return (1.0 / (1.0 + np.exp(-x))).astype(np.float32)
+    out = np.empty(x.shape, dtype=np.float32)
+    _sigmoid_flat(_flat(x), out.reshape(-1))
+    return out
 
 
 def silu(x: np.ndarray) -> np.ndarray:
-    return (x * sigmoid(x)).astype(np.float32)
+    out = np.empty(x.shape, dtype=np.float32)
+    _silu_flat(_flat(x), out.reshape(-1))
+    return out
+
+
+def silu_mul(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """silu(gate) · up in one pass (the SwiGLU FFN's middle)."""
+    out = np.empty(gate.shape, dtype=np.float32)
+    _silu_mul_flat(_flat(gate), _flat(up), out.reshape(-1))
+    return out
 
 
 def softplus(x: np.ndarray) -> np.ndarray:

@@ -27,7 +27,8 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
-def check_logits(weights: str, ours: list[np.ndarray], theirs: np.ndarray) -> list[str]:
+def check_logits(weights: str, ours: list[np.ndarray], theirs: np.ndarray,
+                 min_cosine: float = 0.999, argmax_misses: int = 1) -> list[str]:
     """The issue's acceptance: F32 max|Δ| ≤ 1e-3·max|logit| per prompt; quantized: argmax equal
     for ≥ 19 of 20 and cosine ≥ 0.999. Returns the failures (empty = pass)."""
     failures = []
@@ -38,8 +39,8 @@ def check_logits(weights: str, ours: list[np.ndarray], theirs: np.ndarray) -> li
             tol = 1e-3 * float(np.abs(b).max())
             if float(np.abs(a - b).max()) > tol:
                 failures.append(f"prompt {i}: max|Δ| {np.abs(a - b).max():.3g} > {tol:.3g}")
-        elif cosine(a, b) < 0.999:
-            failures.append(f"prompt {i}: cosine {cosine(a, b):.6f} < 0.999")
-    if weights != "F32" and argmax_equal < len(ours) - 1:
-        failures.append(f"argmax equal on {argmax_equal}/{len(ours)} prompts (need ≥ {len(ours) - 1})")
+        elif cosine(a, b) < min_cosine:
+            failures.append(f"prompt {i}: cosine {cosine(a, b):.6f} < {min_cosine}")
+    if weights != "F32" and argmax_equal < len(ours) - argmax_misses:
+        failures.append(f"argmax equal on {argmax_equal}/{len(ours)} prompts (need ≥ {len(ours) - argmax_misses})")
     return failures

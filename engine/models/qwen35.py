@@ -17,7 +17,7 @@ import numpy as np
 from engine import attention, deltanet
 from engine.errors import ModelLoadError
 from engine.gguf_file import GGUFFile
-from engine.ops import rms_norm, sigmoid, silu, softplus
+from engine.ops import rms_norm, sigmoid, silu, silu_mul, softplus
 from engine.state import AttentionState, DeltaNetState, State
 from engine.weights import Linear, ScratchBuffer, vector
 
@@ -245,7 +245,7 @@ class Qwen35:
             if hook:
                 hook("attn_residual", il, x)
             h = rms_norm(x, lw.post_norm, cfg.rms_eps)
-            h = lw.ffn_down(silu(lw.ffn_gate(h)) * lw.ffn_up(h))
+            h = lw.ffn_down(silu_mul(lw.ffn_gate(h), lw.ffn_up(h)))
             if hook:
                 hook("ffn_out", il, h)
             x = x + h

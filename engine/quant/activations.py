@@ -11,34 +11,74 @@ from __future__ import annotations
 
 import numpy as np
 from gguf import GGMLQuantizationType as Q
+from numba import njit, prange
 
 _Q8K = {Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q2_K, Q.Q3_K}
 _Q8_0 = {Q.Q8_0, Q.Q4_0, Q.Q5_0, Q.Q4_1, Q.Q5_1}
 
 
+@njit(parallel=True, cache=True)
+def _q8_k_blocks(b, out):
+    """quantize_row_q8_K then dequantize, per 256-value block: the scale comes from the signed
+    value of largest magnitude (iscale = -127/max), values round half to even, clamp at 127."""
+    for i in prange(b.shape[0]):
+        amax = np.float32(0.0)
+        mx = np.float32(0.0)
+        for j in range(b.shape[1]):
+            a = abs(b[i, j])
+            if a > amax:
+                amax = a
+                mx = b[i, j]
+        if amax == 0:
+            for j in range(b.shape[1]):
+                out[i, j] = 0.0
+            continue
+        iscale = np.float32(-127.0) / mx
+        d = np.float32(1.0) / iscale
+        for j in range(b.shape[1]):
+            q = min(np.rint(b[i, j] * iscale), np.float32(127.0))
+            out[i, j] = q * d
+
+
+@njit(parallel=True, cache=True)
+def _abs_max_rows(b, out):
+    for i in prange(b.shape[0]):
+        amax = np.float32(0.0)
+        for j in range(b.shape[1]):
+            amax = max(amax, abs(b[i, j]))
+        out[i] = amax
+
+
+@njit(parallel=True, cache=True)
+def _scale_rows(b, inv, d, out):
+    for i in prange(b.shape[0]):
+        for j in range(b.shape[1]):
+            out[i, j] = np.rint(b[i, j] * inv[i]) * d[i]
+
+
+def _blocks(x: np.ndarray, size: int, kernel) -> np.ndarray:
+    b = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, size)
+    out = np.empty_like(b)
+    kernel(b, out)
+    return out.reshape(x.shape)
+
+
 def _q8_k(x: np.ndarray) -> np.ndarray:
-    """quantize_row_q8_K then dequantize: scale from the signed value of largest magnitude."""
-    b = x.reshape(-1, 256)
-    idx = np.argmax(np.abs(b), axis=1)
-    mx = b[np.arange(b.shape[0]), idx]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        iscale = np.where(mx != 0, np.float32(-127.0) / mx, np.float32(0.0)).astype(np.float32)
-    q = np.minimum(np.rint(b * iscale[:, None]), 127.0)
-    with np.errstate(divide="ignore"):
-        d = np.where(iscale != 0, np.float32(1.0) / iscale, np.float32(0.0)).astype(np.float32)
-    return (q * d[:, None]).astype(np.float32).reshape(x.shape)
+    return _blocks(x, 256, _q8_k_blocks)
 
 
 def _q8_0(x: np.ndarray) -> np.ndarray:
-    """quantize_row_q8_0 then dequantize: d = amax/127 stored as f16, values round(x·127/amax)."""
-    b = x.reshape(-1, 32)
-    amax = np.abs(b).max(axis=1)
-    d = (amax / np.float32(127.0)).astype(np.float32)
+    """quantize_row_q8_0 then dequantize, per 32 values: d = amax/127 kept as f16 (the f16
+    rounding runs in numpy: numba has no float16)."""
+    b = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, 32)
+    amax = np.empty(b.shape[0], dtype=np.float32)
+    _abs_max_rows(b, amax)
+    d16 = (amax / np.float32(127.0)).astype(np.float16).astype(np.float32)
     with np.errstate(divide="ignore"):
         inv = np.where(amax != 0, np.float32(127.0) / amax, np.float32(0.0)).astype(np.float32)
-    q = np.rint(b * inv[:, None])
-    d16 = d.astype(np.float16).astype(np.float32)
-    return (q * d16[:, None]).astype(np.float32).reshape(x.shape)
+    out = np.empty_like(b)
+    _scale_rows(b, inv, d16, out)
+    return out.reshape(x.shape)
 
 
 def _bf16(x: np.ndarray) -> np.ndarray:
@@ -50,9 +90,9 @@ def _bf16(x: np.ndarray) -> np.ndarray:
 def round_activations(x: np.ndarray, weight_type: Q) -> np.ndarray:
     """x (T, in) f32 as the product with a `weight_type` matrix sees it in llama.cpp."""
     if weight_type in _Q8K:
-        return _q8_k(np.ascontiguousarray(x, dtype=np.float32))
+        return _q8_k(x)
     if weight_type in _Q8_0:
-        return _q8_0(np.ascontiguousarray(x, dtype=np.float32))
+        return _q8_0(x)
     if weight_type == Q.F16:
         return x.astype(np.float16).astype(np.float32)
     if weight_type == Q.BF16:
