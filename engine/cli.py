@@ -97,7 +97,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(json.dumps({
         "architecture": f.architecture, "config": cfg.__dict__, "tensors": len(f.tensor_names),
         "tensor_types": dict(sorted(hist.items())), "file_bytes": f.file_size,
-        "tied_output": not f.has_tensor("output.weight"), "fingerprint": f.header_fingerprint(),
+        "tied_output": not f.has_tensor("output.weight"), "fingerprint": f.fingerprint(),
     }, default=list))
     return 0
 

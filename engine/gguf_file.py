@@ -187,16 +187,17 @@ class GGUFFile:
             raise ModelLoadError(f"{self.path}: missing metadata key {key!r}")
         return self.metadata[key]
 
-    def header_fingerprint(self) -> str:
-        """Model identity: hash of the whole header (metadata + tensor table), the file size and
-        64 evenly spaced 4 KiB samples of the weights (so a re-trained file with an identical
-        header differs) — without reading the whole file."""
+    def fingerprint(self) -> str:
+        """Model identity (snapshot keys, `info`): hash of the whole header (metadata + tensor
+        table), the file size and 4 KiB at the start, middle and end of every tensor — so two
+        files with the same shapes but other weights differ, without reading the whole file."""
         mv = memoryview(self._mm)
         first = min((t.offset for t in self._tensors.values()), default=self.file_size)
         h = hashlib.sha256(mv[:first])
         h.update(str(self.file_size).encode())
-        span = self.file_size - first
-        for i in range(64):
-            at = first + span * i // 64
-            h.update(mv[at:at + 4096])
+        for t in self._tensors.values():
+            raw = t.data.reshape(-1)
+            n = raw.size
+            for at in (0, max(0, n // 2 - 2048), max(0, n - 4096)):
+                h.update(raw[at:at + 4096])
         return h.hexdigest()[:32]

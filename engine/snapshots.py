@@ -78,16 +78,8 @@ def log_event(event: str, **fields: Any) -> None:
 # ---- identity ------------------------------------------------------------------------------
 
 def model_fingerprint(f: Any) -> str:
-    """Model identity for snapshot keys: the GGUF header fingerprint (metadata + tensor table)
-    plus 4 KiB samples of every tensor's data at its start, middle and end — so two files with
-    the same shapes but different weights (another seed, another quantization run) differ."""
-    h = hashlib.sha256(f.header_fingerprint().encode())
-    for name in f.tensor_names:
-        raw = f.tensor(name).data.reshape(-1)
-        n = raw.size
-        for at in (0, max(0, n // 2 - 2048), max(0, n - 4096)):
-            h.update(raw[at:at + 4096].tobytes())
-    return h.hexdigest()[:32]
+    """Model identity for snapshot keys (see GGUFFile.fingerprint)."""
+    return f.fingerprint()
 
 
 def prefix_hashes(tokens: Sequence[int], positions: Iterable[int]) -> dict[int, str]:

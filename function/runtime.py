@@ -254,7 +254,9 @@ class Runtime:
         if chat:
             with log.stage("template_ms"):
                 try:
-                    prompt = eng.render_chat(greq.messages, tools=greq.tools, add_generation_prompt=True,
+                    # chat_prompt keeps the message boundaries: the prefill checkpoints there, so
+                    # another conversation with the same system + tools resumes from a snapshot
+                    prompt = eng.chat_prompt(greq.messages, tools=greq.tools, add_generation_prompt=True,
                                              **self._template_kwargs(greq))
                 except ValueError as exc:      # engine.chat_template.TemplateError is a ValueError
                     raise bad_request(f"the chat template rejected the messages: {exc}", "messages",

@@ -127,6 +127,6 @@ def test_parser_agrees_with_gguf_reader(model_factory, weights):
 
 
 def test_fingerprint_changes_with_the_model(model_factory):
-    a = GGUFFile(model_factory("tiny", "F32", 0)).header_fingerprint()
-    assert a == GGUFFile(model_factory("tiny", "F32", 0)).header_fingerprint()
-    assert a != GGUFFile(model_factory("tiny", "Q8_0", 0)).header_fingerprint()
+    a = GGUFFile(model_factory("tiny", "F32", 0)).fingerprint()
+    assert a == GGUFFile(model_factory("tiny", "F32", 0)).fingerprint()
+    assert a != GGUFFile(model_factory("tiny", "Q8_0", 0)).fingerprint()

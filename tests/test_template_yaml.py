@@ -53,8 +53,11 @@ def test_function(tpl):
     assert p["FunctionTimeout"]["Default"] > p["ApiDeadlineSeconds"]["Default"] + 1
     assert p["ApiDeadlineSeconds"]["Default"] == 28
     env = props["Environment"]["Variables"]
-    for k in ("MODEL_PATH", "MODEL_S3_URI", "API_DEADLINE_S", "SNAPSHOT_BUCKET", "SNAPSHOT_PREFIX"):
+    for k in ("MODEL_PATH", "MODEL_S3_URI", "API_DEADLINE_S", "SNAPSHOT_S3_URI", "SNAPSHOT_DIR"):
         assert k in env, k
+    # the engine's snapshot store reads SNAPSHOT_S3_URI: it must name the bucket and the prefix
+    # that the IAM policy scopes the function to
+    assert env["SNAPSHOT_S3_URI"] == {"Fn::Sub": "s3://${SnapshotBucket}/${SnapshotPrefix}"}
     assert "ModelS3Uri" in p and "ModelPath" in p
 
 
