@@ -1,0 +1,144 @@
+"""``make test-arm64``: the engine's kernel and parity tests in an emulated arm64 userland, per CPU target.
+
+    python tests/arm64/run.py                       # all targets + layer + cache + cross-target checks
+    python tests/arm64/run.py --ci                  # the CI subset: neoverse-n1, core kernels, one parity test
+    python tests/arm64/run.py --targets neoverse-n1 --no-host
+
+1. ``scripts/arm64_userland.py`` sets up ``.cache/arm64`` (qemu-user-static, a bookworm arm64
+   root, arm64 wheels of the pinned numpy/numba/llvmlite…); idempotent, seconds when present.
+2. For each target in turn (``generic``, ``neoverse-n1``, ``neoverse-v1``, ``neoverse-v2``): pytest
+   runs *inside* the emulated CPython 3.11 (``qemu-aarch64-static -L root``) with
+   ``NUMBA_CPU_NAME=<target>``, the repo on PYTHONPATH and a numba cache per target
+   (``.cache/arm64/numba/<target>``): the kernel tests, the llama.cpp parity fixtures, batched vs
+   stepped, the NEON assembly test, and a record of this target's outputs.
+3. On the host (``tests/test_arm64_emulated.py``, marked slow): the targets' outputs compared with
+   each other and with x86, the ``make layer`` build (arm64 wheels) imported and run under
+   emulation, and a second emulated process loading the numba cache without compiling.
+
+Exit 0 with a ``SKIP:`` line when Debian's or PyPI's registry cannot be reached (nothing to test
+on); otherwise the exit status is pytest's. Heavy work runs under ``nice``; one target at a time.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+import arm64_userland as U  # noqa: E402
+
+TARGETS = ["generic", "neoverse-n1", "neoverse-v1", "neoverse-v2"]
+FULL = [
+    "tests/test_arm64_targets.py",
+    "tests/test_quant_kernels.py",
+    "tests/test_parity_fixtures.py",
+    "tests/test_model.py::test_batched_equals_token_by_token",
+    "tests/test_model.py::test_extend_equals_full_prefill_and_states_match",
+    "tests/test_model.py::test_multi_token_prefill_never_runs_the_single_token_path",
+    "tests/test_model.py::test_session_modes",
+    "tests/test_deltanet.py",
+    "tests/test_arm64_neon.py",
+]
+CI_TARGET = "neoverse-n1"
+CORE = ["Q8_0", "Q4_K", "Q6_K"]   # the formats of Q4_K_M and Q8_0 files (F32 runs on numpy)
+CI = [  # one target: the core kernels, one parity test (Q4_K_M: runs the kernels), the NEON check
+    "tests/test_arm64_targets.py::test_numba_compiles_for_the_requested_cpu",
+    *[f"tests/test_quant_kernels.py::test_dequantize_rows_into_bit_identical[{q}]" for q in CORE],
+    *[f"tests/test_quant_kernels.py::test_matvec_close_to_reference[33-{q}]" for q in CORE],
+    "tests/test_quant_kernels.py::test_matvec_detects_a_wrong_row",
+    "tests/test_parity_fixtures.py::test_last_position_logits_match_llama_cpp[tiny-Q4_K_M]",
+    "tests/test_arm64_neon.py::test_checker_rejects_a_scalar_reduction_and_accepts_a_vector_one",
+    "tests/test_arm64_neon.py::test_integer_dot_products_use_sdot_on_graviton",
+    *[f"tests/test_arm64_neon.py::test_kernel_is_vectorised[{op}-{q}]" for op in ("matvec", "dequantize")
+      for q in CORE],
+]
+HOST = ["tests/test_arm64_emulated.py"]
+NICE = ["nice", "-n", "10"] if shutil.which("nice") else []
+
+
+def host_models(cache: Path) -> Path:
+    """The tiny factory models built here (x86), as the llama.cpp fixtures were (see plugin.py)."""
+    sys.path.insert(0, str(ROOT))
+    from engine.testing.factory import make_model
+    from tests.arm64.plugin import model_name
+
+    d = cache / "models"
+    d.mkdir(parents=True, exist_ok=True)
+    for w in ("F32", "Q8_0", "Q4_K_M"):
+        make_model(d / model_name("tiny", w, 0, None), "tiny", w, 0, None)
+    return d
+
+
+def run_target(cache: Path, target: str, tests: list[str], out_dir: Path, fresh: bool) -> dict:
+    numba_dir = cache / "numba" / target
+    if fresh:
+        shutil.rmtree(numba_dir, ignore_errors=True)
+    env = U.python_env(cache, NUMBA_CPU_NAME=target, NUMBA_CPU_FEATURES="", NUMBA_CACHE_DIR=str(numba_dir),
+                       WARMLLM_THREADS="2", WARMLLM_ARM64_OUT=str(out_dir),
+                       WARMLLM_ARM64_MODELS=str(cache / "models"))
+    cmd = [*NICE, *U.python_cmd(cache), "-m", "pytest", "-q", "-rxs", "-p", "no:cacheprovider", "-p", "tests.arm64.plugin",
+           "-o", "addopts=", "-m", "not oracle and not slow", *tests]
+    print(f"\n=== arm64 {target}: {' '.join(tests)}", flush=True)
+    t0 = time.perf_counter()
+    rc = subprocess.run(cmd, cwd=ROOT, env=env).returncode
+    return {"target": target, "rc": rc, "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def run_host(cache: Path, out_dir: Path, tests: list[str], k: str | None) -> dict:
+    env = {**os.environ, "WARMLLM_ARM64_CACHE": str(cache), "WARMLLM_ARM64_OUT": str(out_dir)}
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rxs", "-p", "no:cacheprovider", "-o", "addopts=", "-m", "slow",
+           *tests, *(["-k", k] if k else [])]
+    print(f"\n=== host-driven arm64 checks: {' '.join(tests)}", flush=True)
+    t0 = time.perf_counter()
+    rc = subprocess.run([*NICE, *cmd], cwd=ROOT, env=env).returncode
+    return {"target": "host-driven", "rc": rc, "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--targets", default=",".join(TARGETS))
+    ap.add_argument("--ci", action="store_true", help="the CI subset (one target, core kernels, one parity test)")
+    ap.add_argument("--no-host", action="store_true", help="skip the host-driven layer/cache/cross-target checks")
+    ap.add_argument("--fresh", action="store_true", help="empty the per-target numba caches first")
+    ap.add_argument("--cache", default=str(U.DEFAULT_CACHE))
+    a = ap.parse_args(argv)
+    cache = Path(a.cache).resolve()
+    t0 = time.perf_counter()
+    try:
+        info = U.setup(cache)
+    except U.Offline as e:
+        print(f"SKIP: arm64 tests not run, a package registry is unreachable ({e})", flush=True)
+        return 0
+    print(json.dumps(info), flush=True)
+    results = [{"target": "setup", "rc": 0, "seconds": round(time.perf_counter() - t0, 1)}]
+    out_dir = cache / "results"
+    host_models(cache)
+    if a.ci:
+        results.append(run_target(cache, CI_TARGET, CI, out_dir, a.fresh))
+        if not a.no_host:
+            results.append(run_host(cache, out_dir, HOST, "second_process"))
+    else:
+        for t in [t for t in a.targets.split(",") if t]:
+            (out_dir / f"{t}.npz").unlink(missing_ok=True)
+            results.append(run_target(cache, t, FULL, out_dir, a.fresh))
+        if not a.no_host:
+            results.append(run_host(cache, out_dir, HOST, None))
+    total = round(time.perf_counter() - t0, 1)
+    print("\n=== arm64 summary (qemu user-mode; times are emulated, not Graviton speed)")
+    for r in results:
+        print(f"  {r['target']:<12} {'ok' if r['rc'] == 0 else 'FAILED (rc %d)' % r['rc']:<14} {r['seconds']:>7.1f} s")
+    print(f"  {'total':<12} {'':<14} {total:>7.1f} s")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / ("summary-ci.json" if a.ci else "summary.json")).write_text(
+        json.dumps({"results": results, "total_s": total, "qemu": info.get("qemu")}, indent=2))
+    return 0 if all(r["rc"] == 0 for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
