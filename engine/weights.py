@@ -3,7 +3,9 @@
 `Linear(x)` with x of shape (T, in): T == 1 runs the quantized matrix-vector kernel (decode
 reads each weight byte once); T > 1 dequantizes the whole matrix into a reused f32 buffer and
 calls BLAS (`X @ W.T`), which measured faster here than numba int8 block kernels.
-F32 weights are used straight from the mmap in both cases.
+F32 weights are used straight from the mmap in both cases. For some formats (Q8_0, Q6_K) the
+decode kernel takes per-block scales decoded once into f32 (`kernels.prepare`), made lazily on
+the first T == 1 call and kept beside the mmap'd bytes (`prepared_nbytes`).
 """
 from __future__ import annotations
 
@@ -41,6 +43,8 @@ class Linear:
         self.out_features, self.in_features = view.shape
         self.raw = view.data
         self._scratch = scratch
+        self._prepared = None   # decode-kernel scales (kernels.prepare), made on first T == 1 call
+        self._prepared_done = False
         self._f32 = (
             view.data.view(np.float32).reshape(view.shape)
             if view.qtype == GGMLQuantizationType.F32 else None
@@ -50,6 +54,10 @@ class Linear:
     def nbytes(self) -> int:
         return int(self.raw.nbytes)
 
+    @property
+    def prepared_nbytes(self) -> int:
+        return 0 if self._prepared is None else int(self._prepared.nbytes)
+
     def __call__(self, x: np.ndarray) -> np.ndarray:
         x = np.ascontiguousarray(x, dtype=np.float32)
         if self._f32 is not None:
@@ -57,7 +65,10 @@ class Linear:
         x = round_activations(x, self.qtype)
         if x.shape[0] == 1:
             out = np.empty((1, self.out_features), dtype=np.float32)
-            kernels.matvec(self.qtype, self.raw, x[0], out[0])
+            if not self._prepared_done:
+                self._prepared = kernels.prepare(self.qtype, self.raw, self.out_features, self.in_features)
+                self._prepared_done = True
+            kernels.matvec(self.qtype, self.raw, x[0], out[0], self._prepared)
             return out
         w = self._scratch.take(self.out_features, self.in_features)
         kernels.dequantize_rows_into(self.qtype, self.raw, w)
