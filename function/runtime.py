@@ -79,13 +79,7 @@ class Runtime:
         self._state_lock = threading.Lock()
         self.requests_served = 0
         self.started_wall = time.time()
-        self.threads = None
-        t = self.env.get("THREADS")
-        if t:
-            try:
-                self.threads = max(1, int(t))
-            except ValueError:
-                self.threads = None
+        self.threads = None  # the engine reads WARMLLM_THREADS itself (one setting, one place)
         self.api_key = self.env.get("WARMLLM_API_KEY") or None
         self.retry_s = _env_float(self.env, "MODEL_RETRY_S", 30.0)
 

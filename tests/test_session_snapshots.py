@@ -145,10 +145,17 @@ def test_restore_matches_a_fresh_full_prefill(model_factory, tmp_path, s3, weigh
     assert r.snapshot_bytes > 0 and r.restore_ms >= 0
     fresh = Session(m)
     f = fresh.prefill(OTHER)
+    assert int(np.argmax(r.logits)) == int(np.argmax(f.logits))
     if weights == "F32":
         assert cosine(r.logits, f.logits) >= 0.99999
-    assert int(np.argmax(r.logits)) == int(np.argmax(f.logits))
-    assert greedy(b, r.logits) == greedy(fresh, f.logits)
+        assert greedy(b, r.logits) == greedy(fresh, f.logits)
+    else:
+        # Quantized products round activations per token as llama.cpp does (Q8_0 / Q8_K), so the
+        # last-bit differences of a different batch split (restore + 83 tokens vs 275 at once) can
+        # flip a rounding step; the random tiny model then amplifies it and greedy continuations
+        # may part after a few tokens. The restored state itself is checked bit for bit against a
+        # same-split prefill in test_restored_state_equals_the_state_it_saved.
+        assert cosine(r.logits, f.logits) >= 0.999
 
 
 def test_restored_whole_prompt_from_s3_needs_no_prefill(model_factory, s3):
@@ -354,3 +361,22 @@ def test_agent_prefix_bench_shape(tiny_model_path):
     assert set(out["ratios"]) == {"a", "b", "c_dir", "c_s3"} and out["flushed"]
     assert out["snapshot_writes"] and all(w["bytes"] > 0 for w in out["snapshot_writes"])
     assert out["c_s3"]["reused_tokens"] > 0 and out["c_s3"]["snapshot_bytes"] > 0
+
+
+@pytest.mark.parametrize("weights", ["F32", "Q8_0", "Q4_K_M"])
+def test_restored_state_equals_the_state_it_saved(model_factory, weights):
+    """Restoring is exact: a session resumed from the 192-token checkpoint gives bit-identical
+    logits and the same greedy continuation as one that prefilled the same prefix with the same
+    batch split and kept going — on every weight format."""
+    m, _, _ = load(model_factory, weights)
+    st = new_store(model_factory, weights)
+    Session(m, store=st).prefill(PROMPT, boundaries=[100])  # checkpoints 64, 100, 128, 192, …
+    restored = Session(m, store=st)
+    r = restored.prefill(OTHER)
+    assert r.mode == "snapshot_memory" and r.reused_tokens == 192
+    same_split = Session(m, store=new_store(model_factory, weights))
+    same_split.prefill(OTHER[:192], boundaries=[100])
+    s = same_split.prefill(OTHER)
+    assert s.mode == "extend" and s.reused_tokens == 192
+    assert np.array_equal(r.logits, s.logits)
+    assert greedy(restored, r.logits) == greedy(same_split, s.logits)
