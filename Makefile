@@ -8,7 +8,7 @@ WEIGHTS ?= Q4_K_M
 MODEL  ?= models/$(PRESET)-$(WEIGHTS).gguf
 export NUMBA_CACHE_DIR ?= $(CURDIR)/.numba_cache
 
-.PHONY: install run generate test test-oracle oracle-fixtures bench serve layer model clean
+.PHONY: test-arm64 test-arm64-ci install run generate test test-oracle oracle-fixtures bench serve layer model clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +58,13 @@ oracle-fixtures: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m pip install -q threadpoolctl
 	$(PY) -m bench.run
+
+# The engine under qemu user-mode in an arm64 userland, once per numba CPU target (docs/arm64.md).
+test-arm64: $(STAMP)
+	$(PY) tests/arm64/run.py
+
+test-arm64-ci: $(STAMP)
+	$(PY) tests/arm64/run.py --ci
 
 clean:
 	rm -rf $(VENV) .numba_cache models/*.gguf
