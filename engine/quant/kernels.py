@@ -11,8 +11,6 @@ Two operations per format, one njit kernel each, chosen by a Python-level dispat
   is one loop with all its sub-block scales inside, i.e. one horizontal reduction per block.
   Constant offsets and Q4_K/Q5_K mins are folded out with per-sub-block sums of ``x`` that are
   computed once per call (``sum_l q*x - 32*sum_l x`` instead of ``sum_l (q-32)*x``).
-* ``matmul_rows(qtype, raw, X, out)`` -- small T (2..16): ``out = X @ W.T`` decoding each
-  weight block once (into a 256-float scratch) and applying it to all T rows of X.
 
 Everything is portable LLVM (no intrinsics beyond an int->float bit cast), so the same code
 runs on arm64 Graviton and x86_64. f16 scales are decoded with integer ops plus one float
