@@ -7,12 +7,14 @@ CPU), because each numpy expression makes temporaries and passes over memory aga
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
-_K = dict(parallel=True, fastmath=True, cache=True)
+from engine.jit import kernel
+
+_K = dict(fastmath=True, cache=True)
 
 
-@njit(**_K)
+@kernel(**_K)
 def _rms_norm_rows(x, w, eps, out):
     n = x.shape[1]
     for r in prange(x.shape[0]):
@@ -31,24 +33,24 @@ def rms_norm(x: np.ndarray, w: np.ndarray | None, eps: float) -> np.ndarray:
     if w is None:
         w = np.ones(shape[-1], dtype=np.float32)
     out = np.empty_like(x2)
-    _rms_norm_rows(x2, np.ascontiguousarray(w, dtype=np.float32), np.float32(eps), out)
+    _rms_norm_rows(x2.size, x2, np.ascontiguousarray(w, dtype=np.float32), np.float32(eps), out)
     return out.reshape(shape)
 
 
-@njit(**_K)
+@kernel(**_K)
 def _sigmoid_flat(x, out):
     for i in prange(x.size):
         out[i] = np.float32(1.0) / (np.float32(1.0) + np.exp(-x[i]))
 
 
-@njit(**_K)
+@kernel(**_K)
 def _silu_flat(x, out):
     for i in prange(x.size):
         v = x[i]
         out[i] = v / (np.float32(1.0) + np.exp(-v))
 
 
-@njit(**_K)
+@kernel(**_K)
 def _silu_mul_flat(g, u, out):
     for i in prange(g.size):
         v = g[i]
@@ -61,20 +63,20 @@ def _flat(x: np.ndarray) -> np.ndarray:
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
     out = np.empty(x.shape, dtype=np.float32)
-    _sigmoid_flat(_flat(x), out.reshape(-1))
+    _sigmoid_flat(x.size, _flat(x), out.reshape(-1))
     return out
 
 
 def silu(x: np.ndarray) -> np.ndarray:
     out = np.empty(x.shape, dtype=np.float32)
-    _silu_flat(_flat(x), out.reshape(-1))
+    _silu_flat(x.size, _flat(x), out.reshape(-1))
     return out
 
 
 def silu_mul(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     """silu(gate) · up in one pass (the SwiGLU FFN's middle)."""
     out = np.empty(gate.shape, dtype=np.float32)
-    _silu_mul_flat(_flat(gate), _flat(up), out.reshape(-1))
+    _silu_mul_flat(gate.size, _flat(gate), _flat(up), out.reshape(-1))
     return out
 
 

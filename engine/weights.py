@@ -43,8 +43,7 @@ class Linear:
         self.out_features, self.in_features = view.shape
         self.raw = view.data
         self._scratch = scratch
-        self._prepared = None   # decode-kernel scales (kernels.prepare), made on first T == 1 call
-        self._prepared_done = False
+        self._plan: kernels.MatvecPlan | None = None  # decode kernel + prepared scales, made on first T == 1
         self._f32 = (
             view.data.view(np.float32).reshape(view.shape)
             if view.qtype == GGMLQuantizationType.F32 else None
@@ -56,7 +55,7 @@ class Linear:
 
     @property
     def prepared_nbytes(self) -> int:
-        return 0 if self._prepared is None else int(self._prepared.nbytes)
+        return 0 if self._plan is None else self._plan.extra_nbytes
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         x = np.ascontiguousarray(x, dtype=np.float32)
@@ -65,10 +64,9 @@ class Linear:
         x = round_activations(x, self.qtype)
         if x.shape[0] == 1:
             out = np.empty((1, self.out_features), dtype=np.float32)
-            if not self._prepared_done:
-                self._prepared = kernels.prepare(self.qtype, self.raw, self.out_features, self.in_features)
-                self._prepared_done = True
-            kernels.matvec(self.qtype, self.raw, x[0], out[0], self._prepared)
+            if self._plan is None:
+                self._plan = kernels.MatvecPlan(self.qtype, self.raw, self.out_features, self.in_features)
+            self._plan(x[0], out[0])
             return out
         w = self._scratch.take(self.out_features, self.in_features)
         kernels.dequantize_rows_into(self.qtype, self.raw, w)

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import numpy as np
 from gguf import GGMLQuantizationType as Q
-from numba import njit, prange
+from numba import prange
+
+from engine.jit import kernel
 
 _Q8K = {Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q2_K, Q.Q3_K}
 _Q8_0 = {Q.Q8_0, Q.Q4_0, Q.Q5_0, Q.Q4_1, Q.Q5_1}
 
 
-@njit(parallel=True, cache=True)
+@kernel(cache=True)
 def _q8_k_blocks(b, out):
     """quantize_row_q8_K then dequantize, per 256-value block: the scale comes from the signed
     value of largest magnitude (iscale = -127/max), values round half to even, clamp at 127."""
@@ -40,7 +42,7 @@ def _q8_k_blocks(b, out):
             out[i, j] = q * d
 
 
-@njit(parallel=True, cache=True)
+@kernel(cache=True)
 def _abs_max_rows(b, out):
     for i in prange(b.shape[0]):
         amax = np.float32(0.0)
@@ -49,17 +51,17 @@ def _abs_max_rows(b, out):
         out[i] = amax
 
 
-@njit(parallel=True, cache=True)
+@kernel(cache=True)
 def _scale_rows(b, inv, d, out):
     for i in prange(b.shape[0]):
         for j in range(b.shape[1]):
             out[i, j] = np.rint(b[i, j] * inv[i]) * d[i]
 
 
-def _blocks(x: np.ndarray, size: int, kernel) -> np.ndarray:
+def _blocks(x: np.ndarray, size: int, blocks) -> np.ndarray:
     b = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, size)
     out = np.empty_like(b)
-    kernel(b, out)
+    blocks(b.size, b, out)
     return out.reshape(x.shape)
 
 
@@ -72,12 +74,12 @@ def _q8_0(x: np.ndarray) -> np.ndarray:
     rounding runs in numpy: numba has no float16)."""
     b = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, 32)
     amax = np.empty(b.shape[0], dtype=np.float32)
-    _abs_max_rows(b, amax)
+    _abs_max_rows(b.size, b, amax)
     d16 = (amax / np.float32(127.0)).astype(np.float16).astype(np.float32)
     with np.errstate(divide="ignore"):
         inv = np.where(amax != 0, np.float32(127.0) / amax, np.float32(0.0)).astype(np.float32)
     out = np.empty_like(b)
-    _scale_rows(b, inv, d16, out)
+    _scale_rows(b.size, b, inv, d16, out)
     return out.reshape(x.shape)
 
 

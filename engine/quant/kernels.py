@@ -29,6 +29,8 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
+from engine.jit import SERIAL_BELOW, serial_twin
+
 from .formats import get_format, quantize, row_bytes
 
 _F32 = np.float32
@@ -677,6 +679,7 @@ _MATVEC = {
     T.Q8_0: _mv_q8_0p, T.Q4_0: _mv_q4_0, T.Q4_1: _mv_q4_1, T.Q5_0: _mv_q5_0, T.Q5_1: _mv_q5_1,
     T.Q4_K: _mv_q4_k, T.Q5_K: _mv_q5_k, T.Q6_K: _mv_q6_kp,
 }
+_MATVEC_SERIAL = {qt: serial_twin(k) for qt, k in _MATVEC.items()}
 _PREPARED = {T.Q8_0, T.Q6_K}  # kernels taking (w, prepared, x, out, ...)
 # Inner-loop trip counts passed at run time, not as constants: with a constant count LLVM fully
 # unrolls the per-block loop and then vectorises the *block* loop (stride 34/144/210 bytes: byte
@@ -724,6 +727,30 @@ def dequantize_rows_into(qtype, raw: np.ndarray, out: np.ndarray) -> None:
     _DEQUANT[qt](w, out)
 
 
+class MatvecPlan:
+    """`plan(x, out)` = ``out[:] = W @ x`` with everything about W (validation, view, prepared
+    scales, serial or parallel kernel) settled once: decode calls it ~240 times per token, and
+    re-validating each call cost ~20 µs of Python per matrix."""
+
+    def __init__(self, qtype, raw: np.ndarray, rows: int, cols: int) -> None:
+        qt, self.w = _weights(qtype, raw, rows, cols)
+        self.rows, self.cols = rows, cols
+        table = _MATVEC_SERIAL if rows * cols < SERIAL_BELOW else _MATVEC
+        self.kernel = table[qt]
+        self.prepared = prepare(qt, self.w, rows, cols) if qt in _PREPARED else None
+        self.args = _MV_ARGS.get(qt, ())
+
+    @property
+    def extra_nbytes(self) -> int:
+        return 0 if self.prepared is None else int(self.prepared.nbytes)
+
+    def __call__(self, x: np.ndarray, out: np.ndarray) -> None:
+        if self.prepared is None:
+            self.kernel(self.w, x, out, *self.args)
+        else:
+            self.kernel(self.w, self.prepared, x, out, *self.args)
+
+
 def matvec(qtype, raw: np.ndarray, x: np.ndarray, out: np.ndarray, prepared=None) -> None:
     """``out[:] = W @ x`` for the quantized (rows, cols) matrix W in ``raw``.
 
@@ -735,12 +762,14 @@ def matvec(qtype, raw: np.ndarray, x: np.ndarray, out: np.ndarray, prepared=None
     _check_f32("x", x, (cols,))
     _check_f32("out", out, (rows,))
     qt, w = _weights(qtype, raw, rows, cols)
+    # small matrices (the 16-row DeltaNet beta/alpha) run serially: a parallel launch costs more
+    table = _MATVEC_SERIAL if rows * cols < SERIAL_BELOW else _MATVEC
     if qt in _PREPARED:
         if prepared is None:
             prepared = prepare(qt, w, rows, cols)
-        _MATVEC[qt](w, prepared, x, out, *_MV_ARGS[qt])
+        table[qt](w, prepared, x, out, *_MV_ARGS[qt])
     else:
-        _MATVEC[qt](w, x, out, *_MV_ARGS.get(qt, ()))
+        table[qt](w, x, out, *_MV_ARGS.get(qt, ()))
 
 
 # ----------------------------------------------------------------------------- benchmark

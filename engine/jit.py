@@ -1,0 +1,47 @@
+"""One numba kernel, two launch modes: parallel for big work, serial for small.
+
+A `parallel=True` kernel pays a thread-pool hand-off on every call (40–100 µs measured here with
+OMP_WAIT_POLICY=PASSIVE, the setting that keeps decode from fighting BLAS). Decode calls ~500
+kernels per token on tiny inputs (one token's norm, activation rounding, the 16-row DeltaNet
+beta/alpha projections), so on the tiny model 2.1 ms of every layer's 2.1 ms was launch
+overhead. `kernel(*args)` below picks the serial twin when the work is small.
+"""
+from __future__ import annotations
+
+import types
+from typing import Any, Callable
+
+from numba import njit
+
+# Below this many elements of work a serial call beats a parallel launch.
+SERIAL_BELOW = 1 << 16
+
+
+def serial_twin(dispatcher: Any) -> Any:
+    """A serial njit copy of a `parallel=True` dispatcher (same options otherwise)."""
+    fn = dispatcher.py_func
+    options = {k: v for k, v in dispatcher.targetoptions.items() if k not in ("parallel", "nopython")}
+    twin = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__ + "_serial", fn.__defaults__,
+                              fn.__closure__)
+    twin.__qualname__ = fn.__qualname__ + "_serial"
+    twin.__module__ = fn.__module__
+    return njit(**options)(twin)
+
+
+class Kernel:
+    """`parallel(*a)` / `serial(*a)` compiled from the same Python function; `__call__(size, *a)`."""
+
+    def __init__(self, fn: Callable, **options: Any) -> None:
+        self.parallel = njit(parallel=True, **options)(fn)
+        # a distinct qualname keeps the two in separate entries of numba's on-disk cache
+        self.serial = serial_twin(self.parallel)
+        self.__name__ = fn.__name__
+        self.__doc__ = fn.__doc__
+
+    def __call__(self, size: int, *args: Any) -> Any:
+        return (self.serial if size < SERIAL_BELOW else self.parallel)(*args)
+
+
+def kernel(**options: Any) -> Callable[[Callable], Kernel]:
+    """Decorator: `@kernel(fastmath=True, cache=True)` over a function that uses `prange`."""
+    return lambda fn: Kernel(fn, **options)
