@@ -177,22 +177,6 @@ def _dq_q8_0(w, out):
                 out[r, b * 32 + l] = _F32(q) * d
 
 
-@njit(**_MV)
-def _mv_q8_0(w, x, out, qk):
-    nb = x.shape[0] // qk
-    for r in prange(w.shape[0]):
-        row = w[r]
-        row8 = row.view(np.int8)
-        acc = _F32(0.0)
-        for b in range(nb):
-            p = b * (qk + 2)
-            d = _f16_at(row, p)
-            s = _F32(0.0)
-            for l in range(qk):
-                s += _F32(np.int32(row8[p + 2 + l])) * x[b * qk + l]
-            acc += d * s
-        out[r] = acc
-
 
 @njit(**_DQ)
 def _dq_q4_0(w, out):
@@ -507,63 +491,6 @@ def _i8(v):
     v = np.int64(v)
     return _F32(v - ((v & 128) << 1))
 
-
-@njit(**_MV)
-def _mv_q6_k(w, x, out, n):
-    nb = x.shape[0] // 256
-    xs = _group_sums(x, 16)
-    for r in prange(w.shape[0]):
-        row = w[r]
-        acc = _F32(0.0)
-        for b in range(nb):
-            p = b * 210
-            d = _f16_at(row, p + 208)
-            sp = p + 192
-            # scale of (half h, t, lane-half hh) is scales[8h + 2t + hh]
-            c00 = d * _i8(row[sp + 0]); c01 = d * _i8(row[sp + 1])
-            c10 = d * _i8(row[sp + 2]); c11 = d * _i8(row[sp + 3])
-            c20 = d * _i8(row[sp + 4]); c21 = d * _i8(row[sp + 5])
-            c30 = d * _i8(row[sp + 6]); c31 = d * _i8(row[sp + 7])
-            e00 = d * _i8(row[sp + 8]); e01 = d * _i8(row[sp + 9])
-            e10 = d * _i8(row[sp + 10]); e11 = d * _i8(row[sp + 11])
-            e20 = d * _i8(row[sp + 12]); e21 = d * _i8(row[sp + 13])
-            e30 = d * _i8(row[sp + 14]); e31 = d * _i8(row[sp + 15])
-            g = b * 16
-            offs = _F32(32.0) * (c00 * xs[g] + c01 * xs[g + 1] + c10 * xs[g + 2] + c11 * xs[g + 3]
-                                 + c20 * xs[g + 4] + c21 * xs[g + 5] + c30 * xs[g + 6] + c31 * xs[g + 7]
-                                 + e00 * xs[g + 8] + e01 * xs[g + 9] + e10 * xs[g + 10] + e11 * xs[g + 11]
-                                 + e20 * xs[g + 12] + e21 * xs[g + 13] + e30 * xs[g + 14] + e31 * xs[g + 15])
-            # t = 2, 3 terms are decoded as 16*q (masks and left shifts only): pre-divide
-            sixteenth = _F32(0.0625)
-            c20 *= sixteenth; c21 *= sixteenth; c30 *= sixteenth; c31 *= sixteenth
-            e20 *= sixteenth; e21 *= sixteenth; e30 *= sixteenth; e31 *= sixteenth
-            o = b * 256
-            s = _F32(0.0)
-            for i in range(n):
-                # half 0, lanes i and 16+i
-                a = row[p + i]; bb = row[p + 32 + i]; c = row[p + 128 + i]
-                A = row[p + 16 + i]; B = row[p + 48 + i]; C = row[p + 144 + i]
-                s += (c00 * _qf((a & 15) | ((c & 3) << 4)) * x[o + i]
-                      + c10 * _qf((bb & 15) | ((c & 12) << 2)) * x[o + 32 + i]
-                      + c20 * _qf((a & 240) | ((c & 48) << 4)) * x[o + 64 + i]
-                      + c30 * _qf((bb & 240) | ((c & 192) << 2)) * x[o + 96 + i]
-                      + c01 * _qf((A & 15) | ((C & 3) << 4)) * x[o + 16 + i]
-                      + c11 * _qf((B & 15) | ((C & 12) << 2)) * x[o + 48 + i]
-                      + c21 * _qf((A & 240) | ((C & 48) << 4)) * x[o + 80 + i]
-                      + c31 * _qf((B & 240) | ((C & 192) << 2)) * x[o + 112 + i])
-                # half 1
-                a = row[p + 64 + i]; bb = row[p + 96 + i]; c = row[p + 160 + i]
-                A = row[p + 80 + i]; B = row[p + 112 + i]; C = row[p + 176 + i]
-                s += (e00 * _qf((a & 15) | ((c & 3) << 4)) * x[o + 128 + i]
-                      + e10 * _qf((bb & 15) | ((c & 12) << 2)) * x[o + 160 + i]
-                      + e20 * _qf((a & 240) | ((c & 48) << 4)) * x[o + 192 + i]
-                      + e30 * _qf((bb & 240) | ((c & 192) << 2)) * x[o + 224 + i]
-                      + e01 * _qf((A & 15) | ((C & 3) << 4)) * x[o + 144 + i]
-                      + e11 * _qf((B & 15) | ((C & 12) << 2)) * x[o + 176 + i]
-                      + e21 * _qf((A & 240) | ((C & 48) << 4)) * x[o + 208 + i]
-                      + e31 * _qf((B & 240) | ((C & 192) << 2)) * x[o + 240 + i])
-            acc += s - offs
-        out[r] = acc
 
 
 # ----------------------------------------------------------------------------- prepared scales
