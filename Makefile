@@ -56,7 +56,6 @@ oracle-fixtures: $(STAMP)
 
 # Speed is a benchmark, never a test: ours vs llama.cpp on the same 0.8B-shaped files, same threads.
 bench: $(STAMP)
-	$(PY) -m pip install -q threadpoolctl
 	$(PY) -m bench.run
 
 # The engine under qemu user-mode in an arm64 userland, once per numba CPU target (docs/arm64.md).
