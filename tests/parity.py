@@ -11,15 +11,19 @@ def our_last_logits(eng: Engine, prompt: list[int]) -> np.ndarray:
     return eng.model.forward(np.array(prompt), eng.model.new_state())
 
 
-def our_greedy(eng: Engine, prompt: list[int], n: int) -> list[int]:
-    s = Session(eng.model)
-    logits = s.prefill(list(prompt)).logits
+def greedy_from(session: Session, logits: np.ndarray, n: int) -> list[int]:
+    """n greedy tokens continuing `session` from its last-position `logits`."""
     out = []
     for _ in range(n):
         tok = int(np.argmax(logits))
         out.append(tok)
-        logits = s.step(tok)
+        logits = session.step(tok)
     return out
+
+
+def our_greedy(eng: Engine, prompt: list[int], n: int) -> list[int]:
+    s = Session(eng.model)
+    return greedy_from(s, s.prefill(list(prompt)).logits, n)
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:

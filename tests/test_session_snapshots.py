@@ -19,6 +19,7 @@ from engine import snapshots as S
 from engine.gguf_file import GGUFFile
 from engine.models.qwen35 import Qwen35
 from engine.session import Session, checkpoint_positions
+from tests.parity import greedy_from
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -47,12 +48,7 @@ def new_store(model_factory, weights="F32", **kw):
 
 
 def greedy(session: Session, logits, n=6) -> list[int]:
-    out = []
-    for _ in range(n):
-        t = int(np.argmax(logits))
-        out.append(t)
-        logits = session.step(t)
-    return out
+    return greedy_from(session, logits, n)
 
 
 PROMPT = np.random.default_rng(7).integers(5, 2000, 300).tolist()
