@@ -20,7 +20,7 @@ from engine.gguf_file import GGUFFile
 from engine.models.qwen35 import Qwen35
 from engine.sampling import Sampler, SamplingParams
 from engine.session import Session
-from engine.snapshots import SnapshotStore, _layout as state_layout, model_fingerprint
+from engine.snapshots import SnapshotStore, state_layout
 from engine.tokenizer import Tokenizer
 
 DEFAULT_N_CTX = 32768
@@ -86,7 +86,7 @@ class Engine:
         self.load_ms = load_ms
         self.compile_ms = 0.0
         self.model_id = Path(path).stem
-        self.fingerprint = model_fingerprint(model.file)
+        self.fingerprint = model.file.fingerprint()
         # Snapshot tiers from SNAPSHOT_* env vars (docs/snapshots.md); memory-only by default.
         self.snapshots = snapshot_store if snapshot_store is not None else SnapshotStore.from_env(
             self.fingerprint, state_layout(model.new_state()))

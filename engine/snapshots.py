@@ -77,11 +77,6 @@ def log_event(event: str, **fields: Any) -> None:
 
 # ---- identity ------------------------------------------------------------------------------
 
-def model_fingerprint(f: Any) -> str:
-    """Model identity for snapshot keys (see GGUFFile.fingerprint)."""
-    return f.fingerprint()
-
-
 def prefix_hashes(tokens: Sequence[int], positions: Iterable[int]) -> dict[int, str]:
     """SHA-256 (hex, 32 chars) of the int32 LE bytes of tokens[:p] for each p, in one pass."""
     arr = np.asarray(tokens, dtype="<i4")
@@ -128,7 +123,7 @@ class SnapshotError(Exception):
         self.detail = detail
 
 
-def _layout(state: State) -> list[tuple[str, tuple[int, ...], tuple[int, ...]]]:
+def state_layout(state: State) -> list[tuple[str, tuple[int, ...], tuple[int, ...]]]:
     """Per layer: kind and the shapes that must match (conv, S) or (n_kv_heads, head_dim)."""
     out = []
     for l in state.layers:

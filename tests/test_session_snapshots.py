@@ -35,7 +35,7 @@ def load(model_factory, weights="F32"):
     if weights not in _models:
         f = GGUFFile(model_factory("tiny", weights))
         m = Qwen35(f)
-        _models[weights] = (m, S.model_fingerprint(f), S._layout(m.new_state()))
+        _models[weights] = (m, f.fingerprint(), S.state_layout(m.new_state()))
     return _models[weights]
 
 
