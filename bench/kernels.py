@@ -73,11 +73,10 @@ def main(argv=None) -> None:
             x = np.random.default_rng(1).standard_normal(cols, dtype=np.float32)
             out = np.empty(rows, np.float32)
             t0 = time.perf_counter()
-            prep = K.prepare(qt, raw, rows, cols)
-            t0 = time.perf_counter()
-            prep = K.prepare(qt, raw, rows, cols)
+            plan = K.MatvecPlan(qt, raw, rows, cols)
             prep_ms = (time.perf_counter() - t0) * 1e3
-            new = lambda: K.matvec(qt, raw, x, out, prep)  # noqa: E731
+            prep = plan.prepared
+            new = lambda: plan(x, out)  # noqa: E731
             cols_out = []
             fns = [new] + ([lambda: old.matvec(qt, raw, x, out)] if old else [])
             for fn in fns:

@@ -1,7 +1,7 @@
 """A weight matrix in its stored format and the one way the model multiplies by it.
 
 `Linear(x)` with x of shape (T, in): T == 1 runs the quantized matrix-vector kernel (decode
-reads each weight byte once); T > 1 dequantizes the whole matrix into a reused f32 buffer and
+reads each weight byte once; Q4_K/Q6_K in int8 arithmetic on x86_64); T > 1 dequantizes the whole matrix into a reused f32 buffer and
 calls BLAS (`X @ W.T`), which measured faster here than numba int8 block kernels.
 F32 weights are used straight from the mmap in both cases. For some formats (Q8_0, Q6_K) the
 decode kernel takes per-block scales decoded once into f32 (`kernels.prepare`), made lazily on
@@ -61,13 +61,13 @@ class Linear:
         x = np.ascontiguousarray(x, dtype=np.float32)
         if self._f32 is not None:
             return x @ self._f32.T
-        x = round_activations(x, self.qtype)
         if x.shape[0] == 1:
             out = np.empty((1, self.out_features), dtype=np.float32)
             if self._plan is None:
                 self._plan = kernels.MatvecPlan(self.qtype, self.raw, self.out_features, self.in_features)
-            self._plan(x[0], out[0])
+            self._plan(x[0], out[0])  # rounds the activations as llama.cpp does
             return out
+        x = round_activations(x, self.qtype)
         w = self._scratch.take(self.out_features, self.in_features)
         kernels.dequantize_rows_into(self.qtype, self.raw, w)
         return x @ w.T

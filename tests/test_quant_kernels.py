@@ -1,11 +1,14 @@
 """engine.quant.kernels: numba kernels against the numpy reference decoder."""
 
+import platform
+
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
 from engine.quant import formats as F
 from engine.quant import kernels as K
+from engine.quant.activations import round_activations
 
 ALL = [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K]
 # matvec uses fastmath (reassociation, FMA) in float32: |out - ref| <= RTOL * sum_j |w_ij x_j|
@@ -35,23 +38,46 @@ def test_dequantize_rows_into_bit_identical(qtype):
 
 @pytest.mark.parametrize("qtype", [T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, T.Q4_1, T.F16], ids=lambda t: t.name)
 def test_dequantize_rows_into_random_bytes(qtype):
-    # arbitrary bit patterns (not just what our quantizer emits), with finite f16 scales
-    fmt = F.get_format(qtype)
-    rng = np.random.default_rng(1)
     rows, cols = 5, 2 * 256
-    raw = rng.integers(0, 256, (rows, F.row_bytes(qtype, cols)), dtype=np.uint8)
-    blocks = raw.reshape(-1, fmt.type_size)
-    if qtype == T.F16:
-        blocks.view(np.uint16)[:] &= np.uint16(0xFBFF)
-    else:
-        offs = {T.Q8_0: [0], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208], T.Q4_1: [0, 2]}[qtype]
-        for o in offs:
-            s = rng.uniform(-1, 1, len(blocks)) * 2.0 ** rng.integers(-24, 5, len(blocks))
-            blocks[:, o:o + 2] = s.astype(np.float16).view(np.uint8).reshape(-1, 2)
+    raw = _random_blocks(qtype, rows, cols, 1)
     ref = F.dequantize(raw, qtype, (rows, cols))
     out = np.empty((rows, cols), np.float32)
     K.dequantize_rows_into(qtype, raw, out)
     np.testing.assert_array_equal(out.view(np.uint32), ref.view(np.uint32))
+
+
+def _random_blocks(qtype, rows, cols, seed):
+    """Arbitrary bit patterns (not just what our quantizer emits) with finite f16 scales."""
+    fmt = F.get_format(qtype)
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, (rows, F.row_bytes(qtype, cols)), dtype=np.uint8)
+    blocks = raw.reshape(-1, fmt.type_size)
+    if qtype == T.F16:
+        blocks.view(np.uint16)[:] &= np.uint16(0xFBFF)
+        return raw
+    offs = {T.Q8_0: [0], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208], T.Q4_1: [0, 2]}[qtype]
+    for o in offs:
+        s = rng.uniform(-1, 1, len(blocks)) * 2.0 ** rng.integers(-24, 5, len(blocks))
+        blocks[:, o:o + 2] = s.astype(np.float16).view(np.uint8).reshape(-1, 2)
+    return raw
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+def test_int8_kernels_on_random_bytes(qtype):
+    # every nibble, 6-bit quant and scale value, through the integer path where it runs: the
+    # u8 x s8 pair sums must never saturate and the scale/min/offset bookkeeping must be exact
+    rows, cols = 24, 1024
+    raw = _random_blocks(qtype, rows, cols, 5)
+    W = F.dequantize(raw, qtype, (rows, cols)).astype(np.float64)
+    x = np.random.default_rng(6).standard_normal(cols, dtype=np.float32)
+    x[:256] *= 1e-3  # one activation block of small magnitude
+    plan = K.MatvecPlan(qtype, raw, rows, cols)
+    assert plan.int8 == (platform.machine() in K.INT8_MACHINES)
+    out = np.empty(rows, np.float32)
+    plan(x, out)
+    xr = round_activations(x, qtype).astype(np.float64)
+    scale = np.abs(W) @ np.abs(xr)
+    assert np.all(np.abs(out - W @ xr) <= RTOL * scale), np.max(np.abs(out - W @ xr) / scale)
 
 
 @pytest.mark.parametrize("qtype", ALL, ids=lambda t: t.name)
@@ -63,8 +89,9 @@ def test_matvec_close_to_reference(qtype, rows):
     out = np.full(rows, np.nan, dtype=np.float32)
     K.matvec(qtype, raw, x, out)
     W64 = W.astype(np.float64)
-    ref = W64 @ x
-    scale = np.abs(W64) @ np.abs(x.astype(np.float64))
+    xr = round_activations(x, qtype).astype(np.float64)  # what llama.cpp multiplies by
+    ref = W64 @ xr
+    scale = np.abs(W64) @ np.abs(xr)
     assert np.all(np.abs(out - ref) <= RTOL * scale + 1e-30), np.max(np.abs(out - ref) / scale)
 
 
@@ -76,8 +103,9 @@ def test_matvec_detects_a_wrong_row():
     bad[2, 200] ^= 0x0F
     out = np.empty(4, np.float32)
     K.matvec(T.Q4_K, bad, x, out)
-    ref = W.astype(np.float64) @ x
-    scale = np.abs(W.astype(np.float64)) @ np.abs(x)
+    xr = round_activations(x, T.Q4_K).astype(np.float64)
+    ref = W.astype(np.float64) @ xr
+    scale = np.abs(W.astype(np.float64)) @ np.abs(xr)
     assert np.abs(out[2] - ref[2]) > RTOL * scale[2]
 
 

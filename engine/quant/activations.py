@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 from gguf import GGMLQuantizationType as Q
-from numba import prange
+from numba import njit, prange
 
 from engine.jit import kernel
 
@@ -19,27 +19,50 @@ _Q8K = {Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q2_K, Q.Q3_K}
 _Q8_0 = {Q.Q8_0, Q.Q4_0, Q.Q5_0, Q.Q4_1, Q.Q5_1}
 
 
+@njit(inline="always", cache=True)
+def _q8_k_iscale(row):
+    """quantize_row_q8_K's scale: -127 / (the signed value of largest magnitude), 0 for a zero row."""
+    amax = np.float32(0.0)
+    mx = np.float32(0.0)
+    for j in range(row.shape[0]):
+        a = abs(row[j])
+        if a > amax:
+            amax = a
+            mx = row[j]
+    return np.float32(0.0) if amax == 0 else np.float32(-127.0) / mx
+
+
+@njit(inline="always", cache=True)
+def _q8_k_value(v, iscale):
+    """Round half to even, clamp at 127 (the scale makes -127 the most negative value)."""
+    return min(np.rint(v * iscale), np.float32(127.0))
+
+
 @kernel(cache=True)
 def _q8_k_blocks(b, out):
-    """quantize_row_q8_K then dequantize, per 256-value block: the scale comes from the signed
-    value of largest magnitude (iscale = -127/max), values round half to even, clamp at 127."""
+    """quantize_row_q8_K then dequantize, per 256-value block."""
     for i in prange(b.shape[0]):
-        amax = np.float32(0.0)
-        mx = np.float32(0.0)
+        iscale = _q8_k_iscale(b[i])
+        d = np.float32(0.0) if iscale == 0 else np.float32(1.0) / iscale
         for j in range(b.shape[1]):
-            a = abs(b[i, j])
-            if a > amax:
-                amax = a
-                mx = b[i, j]
-        if amax == 0:
-            for j in range(b.shape[1]):
-                out[i, j] = 0.0
-            continue
-        iscale = np.float32(-127.0) / mx
-        d = np.float32(1.0) / iscale
-        for j in range(b.shape[1]):
-            q = min(np.rint(b[i, j] * iscale), np.float32(127.0))
-            out[i, j] = q * d
+            out[i, j] = _q8_k_value(b[i, j], iscale) * d
+
+
+@njit(cache=True)
+def quantize_q8_k(x, q, d, sums16):
+    """x (n,) f32 -> q (n,) int8, d (n/256,) f32 scales, sums16 (n/16,) int16 sums of q: the
+    Q8_K block llama.cpp's K-format dot products take (same rounding as `_q8_k_blocks`)."""
+    for i in range(x.shape[0] // 256):
+        blk = x[i * 256:(i + 1) * 256]
+        iscale = _q8_k_iscale(blk)
+        d[i] = np.float32(0.0) if iscale == 0 else np.float32(1.0) / iscale
+        for g in range(16):
+            acc = 0
+            for l in range(16):
+                v = np.int32(_q8_k_value(blk[16 * g + l], iscale))
+                q[i * 256 + 16 * g + l] = v
+                acc += v
+            sums16[i * 16 + g] = acc
 
 
 @kernel(cache=True)

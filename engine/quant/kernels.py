@@ -6,8 +6,10 @@ Two operations per format, one njit kernel each, chosen by a Python-level dispat
   float32 buffer, then BLAS does ``X @ W.T``. Compiled *without* fastmath (there is no
   reduction to reassociate, and forbidding FMA contraction keeps the output bit-identical to
   :func:`engine.quant.formats.dequantize` and therefore to ``gguf.quants``).
-* ``matvec(qtype, raw, x, out)`` -- decode: ``out = W @ x`` reading each weight byte once.
-  Float path, ``fastmath=True`` so LLVM vectorises the per-block loop; every 256-value K block
+* ``matvec(qtype, raw, x, out)`` -- decode: ``out = W @ round_activations(x)`` reading each
+  weight byte once. On x86_64, Q4_K and Q6_K run in integer arithmetic against Q8_K activations
+  (``int8_dot.py``), as llama.cpp does. Everything else is the float path, ``fastmath=True`` so
+  LLVM vectorises the per-block loop; every 256-value K block
   is one loop with all its sub-block scales inside, i.e. one horizontal reduction per block.
   Constant offsets and Q4_K/Q5_K mins are folded out with per-sub-block sums of ``x`` that are
   computed once per call (``sum_l q*x - 32*sum_l x`` instead of ``sum_l (q-32)*x``).
@@ -21,6 +23,7 @@ multiply (exact for normals and subnormals) instead of a libcall.
 
 from __future__ import annotations
 
+import platform
 import time
 
 import numpy as np
@@ -31,7 +34,9 @@ from numba.extending import intrinsic
 
 from engine.jit import SERIAL_BELOW, serial_twin
 
+from .activations import quantize_q8_k, round_activations
 from .formats import get_format, quantize, row_bytes
+from .int8_dot import KNOBS, q4_k_block_dot, q6_k_block_dot
 
 _F32 = np.float32
 _DQ = dict(parallel=True, fastmath=False, cache=True)  # exact decode
@@ -81,14 +86,20 @@ def _f16_at(w, p):
 
 
 @njit(inline="always", cache=True)
-def _scale_min_k4(w, p, j):
-    """get_scale_min_k4 for sub-block j of the 12 scale bytes at w[p:p+12]."""
+def _scale_min_k4_int(w, p, j):
+    """get_scale_min_k4 for sub-block j of the 12 scale bytes at w[p:p+12], as integers."""
     if j < 4:
         sc = w[p + j] & 63
         m = w[p + j + 4] & 63
     else:
         sc = (w[p + j + 4] & 0xF) | ((w[p + j - 4] >> 6) << 4)
         m = (w[p + j + 4] >> 4) | ((w[p + j] >> 6) << 4)
+    return sc, m
+
+
+@njit(inline="always", cache=True)
+def _scale_min_k4(w, p, j):
+    sc, m = _scale_min_k4_int(w, p, j)
     return _F32(sc), _F32(m)
 
 
@@ -579,6 +590,41 @@ def _mv_q6_kp(w, sc, x, out, n):
         out[r] = acc - _F32(32.0) * offs
 
 
+# ----------------------------------------------------------------------------- int8 path
+# Q4_K / Q6_K times Q8_K activations in integer arithmetic, as llama.cpp does it (int8_dot.py has
+# the why). Measured with `python -m bench.kernels` (GB/s of weight bytes, 1 thread CPU-s / 2
+# threads wall): Q4_K 2.5 / 4.6 -> 5.5 / 8.6, Q6_K 2.0 / 3.5 -> 5.1 / 9.5 (1024x3584). The f16
+# block scales are decoded in the loop: no prepared arrays, so nothing beside the mmap.
+
+@njit(**_MV)
+def _mv_q4_k_q8k(w, xq, xd, xs16, out, knobs):
+    nb = xq.shape[0] // 256
+    for r in prange(w.shape[0]):
+        row = w[r]
+        acc = _F32(0.0)
+        for b in range(nb):
+            p = b * 144
+            packed = q4_k_block_dot(row, p, xq, b * 256, xs16, b * 16, knobs)
+            isum = np.int32(packed & 0xFFFFFFFF)
+            msum = packed >> 32
+            acc += xd[b] * (_f16_at(row, p) * _F32(isum) - _f16_at(row, p + 2) * _F32(msum))
+        out[r] = acc
+
+
+@njit(**_MV)
+def _mv_q6_k_q8k(w, xq, xd, xs16, out, knobs):
+    nb = xq.shape[0] // 256
+    for r in prange(w.shape[0]):
+        row = w[r]
+        sc = row.view(np.int8)
+        acc = _F32(0.0)
+        for b in range(nb):
+            p = b * 210
+            isum = q6_k_block_dot(row, p, xq, b * 256, sc, p + 192, xs16, b * 16, knobs)
+            acc += xd[b] * _f16_at(row, p + 208) * _F32(isum)
+        out[r] = acc
+
+
 def prepare(qtype, raw: np.ndarray, rows: int, cols: int):
     """Load-time preparation for :func:`matvec` (decoded per-block scales), or None when the
     format's kernel reads everything from the raw bytes. Pass the result as ``prepared``."""
@@ -654,49 +700,65 @@ def dequantize_rows_into(qtype, raw: np.ndarray, out: np.ndarray) -> None:
     _DEQUANT[qt](w, out)
 
 
+_MATVEC_Q8K = {T.Q4_K: _mv_q4_k_q8k, T.Q6_K: _mv_q6_k_q8k}
+_MATVEC_Q8K_SERIAL = {qt: serial_twin(k) for qt, k in _MATVEC_Q8K.items()}
+# Where the integer kernels are the faster path. On arm64 the same IR compiles and is correct, but
+# LLVM lowers the pair sums to umull/smull chains rather than sdot; the float path stays there
+# until that is measured (issue: arm64).
+INT8_MACHINES = {"x86_64", "AMD64"}
+
+
+def _int8_path(qt) -> bool:
+    return qt in _MATVEC_Q8K and platform.machine() in INT8_MACHINES
+
+
 class MatvecPlan:
-    """`plan(x, out)` = ``out[:] = W @ x`` with everything about W (validation, view, prepared
-    scales, serial or parallel kernel) settled once: decode calls it ~240 times per token, and
-    re-validating each call cost ~20 µs of Python per matrix."""
+    """`plan(x, out)` = ``out[:] = W @ round_activations(x)`` (what llama.cpp computes) with
+    everything about W (validation, view, prepared scales, kernel) settled once: decode calls it
+    ~240 times per token, and re-validating each call cost ~20 µs of Python per matrix."""
 
     def __init__(self, qtype, raw: np.ndarray, rows: int, cols: int) -> None:
         qt, self.w = _weights(qtype, raw, rows, cols)
-        self.rows, self.cols = rows, cols
-        table = _MATVEC_SERIAL if rows * cols < SERIAL_BELOW else _MATVEC
-        self.kernel = table[qt]
-        self.prepared = prepare(qt, self.w, rows, cols) if qt in _PREPARED else None
-        self.args = _MV_ARGS.get(qt, ())
+        self.qtype, self.rows, self.cols = qt, rows, cols
+        small = rows * cols < SERIAL_BELOW  # the 16-row DeltaNet beta/alpha: a launch costs more
+        self.int8 = _int8_path(qt)
+        if self.int8:
+            self.kernel = (_MATVEC_Q8K_SERIAL if small else _MATVEC_Q8K)[qt]
+            self.xq = np.empty(cols, np.int8)
+            self.xd = np.empty(cols // 256, np.float32)
+            self.xs16 = np.empty(cols // 16, np.int16)
+            self.prepared = None
+        else:
+            self.kernel = (_MATVEC_SERIAL if small else _MATVEC)[qt]
+            self.prepared = prepare(qt, self.w, rows, cols) if qt in _PREPARED else None
+            self.args = _MV_ARGS.get(qt, ())
 
     @property
     def extra_nbytes(self) -> int:
         return 0 if self.prepared is None else int(self.prepared.nbytes)
 
     def __call__(self, x: np.ndarray, out: np.ndarray) -> None:
+        if self.int8:
+            quantize_q8_k(x, self.xq, self.xd, self.xs16)
+            self.kernel(self.w, self.xq, self.xd, self.xs16, out, KNOBS)
+            return
+        x = round_activations(x, self.qtype)
         if self.prepared is None:
             self.kernel(self.w, x, out, *self.args)
         else:
             self.kernel(self.w, self.prepared, x, out, *self.args)
 
 
-def matvec(qtype, raw: np.ndarray, x: np.ndarray, out: np.ndarray, prepared=None) -> None:
-    """``out[:] = W @ x`` for the quantized (rows, cols) matrix W in ``raw``.
-
-    ``prepared``: what :func:`prepare` returned for this matrix (computed here when omitted;
-    pass it in the decode loop)."""
+def matvec(qtype, raw: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
+    """``out[:] = W @ round_activations(x, qtype)`` for the quantized (rows, cols) matrix W in
+    ``raw``: the product llama.cpp's CPU backend computes. Decode builds a `MatvecPlan` once per
+    matrix instead."""
     if x.ndim != 1 or out.ndim != 1:
         raise ValueError("matvec takes x of shape (cols,) and out of shape (rows,)")
     rows, cols = out.shape[0], x.shape[0]
     _check_f32("x", x, (cols,))
     _check_f32("out", out, (rows,))
-    qt, w = _weights(qtype, raw, rows, cols)
-    # small matrices (the 16-row DeltaNet beta/alpha) run serially: a parallel launch costs more
-    table = _MATVEC_SERIAL if rows * cols < SERIAL_BELOW else _MATVEC
-    if qt in _PREPARED:
-        if prepared is None:
-            prepared = prepare(qt, w, rows, cols)
-        table[qt](w, prepared, x, out, *_MV_ARGS[qt])
-    else:
-        table[qt](w, x, out, *_MV_ARGS.get(qt, ()))
+    MatvecPlan(qtype, raw, rows, cols)(x, out)
 
 
 # ----------------------------------------------------------------------------- benchmark
@@ -715,10 +777,11 @@ def bench_matvec(qtype, rows: int, cols: int, reps: int = 20) -> float:
     raw = _bench_weights(qtype, rows, cols)
     x = np.random.default_rng(1).standard_normal(cols, dtype=np.float32)
     out = np.empty(rows, dtype=np.float32)
-    matvec(qtype, raw, x, out)  # compile / warm
+    plan = MatvecPlan(qtype, raw, rows, cols)
+    plan(x, out)  # compile / warm
     best = float("inf")
     for _ in range(max(1, reps)):
         t0 = time.perf_counter()
-        matvec(qtype, raw, x, out)
+        plan(x, out)
         best = min(best, time.perf_counter() - t0)
     return raw.nbytes / best / 1e9

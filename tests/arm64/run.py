@@ -1,7 +1,7 @@
 """``make test-arm64``: the engine's kernel and parity tests in an emulated arm64 userland, per CPU target.
 
     python tests/arm64/run.py                       # all targets + layer + cache + cross-target checks
-    python tests/arm64/run.py --ci                  # the CI subset: neoverse-n1, core kernels, one parity test, NEON
+    python tests/arm64/run.py --ci                  # the CI subset: neoverse-n1, Q4_K kernels, Q4_K_M parity, NEON
     python tests/arm64/run.py --targets neoverse-n1 --no-host
 
 1. ``scripts/arm64_userland.py`` sets up ``.cache/arm64`` (qemu-user-static, a bookworm arm64
@@ -46,17 +46,19 @@ FULL = [
     "tests/test_arm64_neon.py",
 ]
 CI_TARGET = "neoverse-n1"
-CORE = ["Q8_0", "Q4_K", "Q6_K"]   # the formats of Q4_K_M and Q8_0 files (F32 runs on numpy)
-CI = [  # one target: the core kernels, one parity test (Q4_K_M: runs the kernels), the NEON check
+# CI: one target, Q4_K only where a test is per format (under emulation every kernel compiles
+# from scratch, ~20-40 s each; the whole subset took 16 min with all three formats, over CI's
+# 20-minute guideline). The Q4_K_M parity test still runs the Q6_K kernels end to end; Q8_0 and
+# the other targets are `make test-arm64`.
+CI = [
     "tests/test_arm64_targets.py::test_numba_compiles_for_the_requested_cpu",
-    *[f"tests/test_quant_kernels.py::test_dequantize_rows_into_bit_identical[{q}]" for q in CORE],
-    *[f"tests/test_quant_kernels.py::test_matvec_close_to_reference[33-{q}]" for q in CORE],
+    "tests/test_quant_kernels.py::test_dequantize_rows_into_bit_identical[Q4_K]",
+    "tests/test_quant_kernels.py::test_matvec_close_to_reference[33-Q4_K]",
     "tests/test_quant_kernels.py::test_matvec_detects_a_wrong_row",
     "tests/test_parity_fixtures.py::test_last_position_logits_match_llama_cpp[tiny-Q4_K_M]",
     "tests/test_arm64_neon.py::test_checker_rejects_a_scalar_reduction_and_accepts_a_vector_one",
     "tests/test_arm64_neon.py::test_integer_dot_products_use_sdot_on_graviton",
-    *[f"tests/test_arm64_neon.py::test_kernel_is_vectorised[{op}-{q}]" for op in ("matvec", "dequantize")
-      for q in CORE],
+    *[f"tests/test_arm64_neon.py::test_kernel_is_vectorised[{op}-Q4_K]" for op in ("matvec", "dequantize")],
 ]
 HOST = ["tests/test_arm64_emulated.py"]
 NICE = ["nice", "-n", "10"] if shutil.which("nice") else []
