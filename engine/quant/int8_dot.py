@@ -72,14 +72,13 @@ def _maddubs(builder, u8, s8):
     return builder.trunc(s, _vec(I16, 16))
 
 
-def _maddwd(builder, a16, b16):
-    """<16 x i16> . <16 x i16> -> <8 x i32> pair sums (the form `pmaddwd` matches)."""
-    wide = _vec(I32, 8)
-    even = builder.mul(builder.sext(_half_lanes(builder, a16, 16, 0), wide),
-                       builder.sext(_half_lanes(builder, b16, 16, 0), wide))
-    odd = builder.mul(builder.sext(_half_lanes(builder, a16, 16, 1), wide),
-                      builder.sext(_half_lanes(builder, b16, 16, 1), wide))
-    return builder.add(even, odd)
+def _mul_acc(builder, acc, a16, b16, zero16):
+    """acc (<16 x i32>) + a16 * b16 lane by lane, for a sum that ends in a reduction: LLVM's x86
+    partial-reduction pass turns the widening multiply-adds feeding it into `pmaddwd`. `a16` is
+    xor'ed with a run-time zero so InstCombine cannot fold sext(trunc(clamp)) of `pmaddubsw`."""
+    wide = _vec(I32, 16)
+    a = builder.sext(builder.xor(a16, zero16), wide)
+    return builder.add(acc, builder.mul(a, builder.sext(b16, wide)))
 
 
 class _Args:
@@ -90,7 +89,8 @@ class _Args:
         knobs = args[-1]
         b = builder
         self.mask4 = _splat(b, knobs, I8, 32)
-        self.shift4 = _splat(b, b.lshr(knobs, ir.Constant(knobs.type, 8)), I8, 32)
+        self.shift4_scalar = b.and_(b.lshr(knobs, ir.Constant(knobs.type, 8)), ir.Constant(knobs.type, 255))
+        self.shift4 = _splat(b, self.shift4_scalar, I8, 32)
         self.mask2 = _splat(b, b.lshr(knobs, ir.Constant(knobs.type, 16)), I8, 32)
         self.zero = b.trunc(b.lshr(knobs, ir.Constant(knobs.type, 24)), I32)
 
@@ -123,6 +123,95 @@ def _q4_k_scales_mins(builder, u0, u1, u2):
     return b.bitcast(v, _vec(I8, 16))
 
 
+def _array_ptr(context, builder, aty, aval, index, elt):
+    arr = context.make_array(aty)(context, builder, aval)
+    return builder.bitcast(builder.gep(arr.data, [index]), elt.as_pointer())
+
+
+def _q4_k_unpack(a: "_Args", w_arg: int, p):
+    """The Q4_K block at w[p]: its 8 runs of 32 quants, the <16 x i16> scale splat of each run,
+    and the mins laid out against the 16 activation sums (min j in lanes 2j, 2j+1)."""
+    builder = a.builder
+    words = []
+    for k in (4, 8, 12):
+        ptr = _array_ptr(a.context, builder, a.sig.args[w_arg], a.args[w_arg],
+                         builder.add(p, ir.Constant(p.type, k)), I32)
+        words.append(builder.load(ptr, align=1))
+    packed = builder.zext(_q4_k_scales_mins(builder, *words), _vec(I16, 16))
+    quants = []
+    for c in range(4):
+        q = a.load32(w_arg, p, 16 + 32 * c)
+        quants.append(builder.and_(q, a.mask4))
+        quants.append(builder.and_(builder.lshr(q, a.shift4), a.mask4))
+    lanes = lambda m: ir.Constant(_vec(I32, 16), m)  # noqa: E731
+    scales = [builder.shuffle_vector(packed, packed, lanes([j] * 16)) for j in range(8)]
+    mins = builder.shuffle_vector(packed, packed, lanes([8 + i // 2 for i in range(16)]))
+    return quants, scales, mins
+
+
+def _q6_k_unpack(a: "_Args", w_arg: int, p, sc_arg: int, g):
+    """The Q6_K block at w[p] (int8 scales at sc[g]): its 8 runs of 32 quants (0..63), the
+    <16 x i16> scales of each run (run 4h + t: scale 8h + 2t in lanes 0-7, the next in 8-15),
+    and -32 * the 16 scales, laid out against the 16 activation sums (the quants' offset)."""
+    builder = a.builder
+    sptr = _array_ptr(a.context, builder, a.sig.args[sc_arg], a.args[sc_arg], g, _vec(I8, 16))
+    all16 = builder.sext(builder.load(sptr, align=1), _vec(I16, 16))
+    # shift amounts as splats of run-time scalars (a shift by a computed vector is emulated
+    # lane by lane on x86: vpsllw/vpblendvb chains)
+    four = a.shift4_scalar
+    two = builder.lshr(four, ir.Constant(four.type, 1))
+    qh_shift = [None] + [_splat(builder, v, I8, 32) for v in (two, four, builder.add(two, four))]
+    quants = []
+    for h in range(2):
+        qh = a.load32(w_arg, p, 128 + 32 * h)
+        for t in range(4):
+            ql = a.load32(w_arg, p, 64 * h + 32 * (t & 1))
+            low = builder.and_(ql, a.mask4) if t < 2 else builder.and_(builder.lshr(ql, a.shift4), a.mask4)
+            high = qh if t == 0 else builder.lshr(qh, qh_shift[t])
+            high = builder.shl(builder.and_(high, a.mask2), ir.Constant(_vec(I8, 32), [4] * 32))
+            quants.append(builder.or_(low, high))
+    scales = [builder.shuffle_vector(all16, all16, ir.Constant(_vec(I32, 16), [
+        2 * r + (i >= 8) for i in range(16)])) for r in range(8)]
+    offset = builder.mul(all16, ir.Constant(_vec(I16, 16), [-32] * 16))  # |.| <= 4096
+    return quants, scales, offset
+
+
+_ZERO16 = ir.Constant(_vec(I32, 16), [0] * 16)
+I64 = ir.IntType(64)
+
+
+class _Token:
+    """One token's activations: xq[o:o+256] (int8) and xs[gx:gx+16] (int16 sums per 16)."""
+
+    def __init__(self, a: "_Args", x_arg: int, o, xs_arg: int, gx, t: int = 0):
+        self.a, self.x_arg, self.o = a, x_arg, o
+        ptr = _array_ptr(a.context, a.builder, a.sig.args[xs_arg], a.args[xs_arg], gx, _vec(I16, 16))
+        self.sums = a.builder.load(ptr, align=2)
+        # a run-time zero of the token's own: the x86 pass that forms pmaddwd needs every
+        # multiply operand used once, and equal scale vectors across a tile's tokens would be
+        # merged into one (knobs < 2**24, so every shift of `zero` is zero too)
+        z = a.builder.lshr(a.zero, ir.Constant(I32, t)) if t else a.zero
+        self.zero16 = _splat(a.builder, z, I16, 16)
+
+    def dot(self, quants, scales, acc):
+        """acc + sum over the 8 runs of scale * (quants . their 32 activations)."""
+        b = self.a.builder
+        for i, (q, sv) in enumerate(zip(quants, scales)):
+            x = self.a.load32(self.x_arg, self.o, 32 * i)
+            acc = _mul_acc(b, acc, _maddubs(b, q, x), b.xor(sv, self.zero16), self.zero16)
+        return acc
+
+    def sums_dot(self, vec16, acc):
+        """acc + vec16 * the activation sums, lane by lane."""
+        b = self.a.builder
+        return _mul_acc(b, acc, self.sums, b.xor(vec16, self.zero16), self.zero16)
+
+
+def _pack(builder, isum, msum):
+    hi = builder.shl(builder.sext(msum, I64), ir.Constant(I64, 32))
+    return builder.or_(hi, builder.zext(isum, I64))
+
+
 @intrinsic
 def q4_k_block_dot(typingctx, w, p, xq, o, xs, gx, knobs):
     """For the Q4_K block at w[p] and the Q8_K activations xq[o:o+256] (int16 sums per 16 values
@@ -133,33 +222,10 @@ def q4_k_block_dot(typingctx, w, p, xq, o, xs, gx, knobs):
 
     def codegen(context, builder, signature, args):
         a = _Args(context, builder, signature, args)
-        warr = context.make_array(signature.args[0])(context, builder, args[0])
-        words = []
-        for k in (4, 8, 12):
-            ptr = builder.gep(warr.data, [builder.add(args[1], ir.Constant(args[1].type, k))])
-            words.append(builder.load(builder.bitcast(ptr, I32.as_pointer()), align=1))
-        packed = builder.zext(_q4_k_scales_mins(builder, *words), _vec(I16, 16))
-        plain, opaque = packed, builder.or_(packed, _splat(builder, a.zero, I16, 16))
-
-        xarr = context.make_array(signature.args[4])(context, builder, args[4])
-        xptr = builder.bitcast(builder.gep(xarr.data, [args[5]]), _vec(I16, 16).as_pointer())
-        mins = builder.shuffle_vector(plain, opaque, ir.Constant(
-            _vec(I32, 16), [8 + i // 2 + 16 * (i & 1) for i in range(16)]))
-        msum = _reduce(builder, _maddwd(builder, mins, builder.load(xptr, align=2)))
-
-        acc = ir.Constant(_vec(I32, 8), [0] * 8)
-        for c in range(4):
-            q = a.load32(0, args[1], 16 + 32 * c)
-            lo = builder.and_(q, a.mask4)
-            hi = builder.and_(builder.lshr(q, a.shift4), a.mask4)
-            for j, nibbles in ((2 * c, lo), (2 * c + 1, hi)):
-                x = a.load32(2, args[3], 32 * j)
-                sv = builder.shuffle_vector(plain, opaque, ir.Constant(
-                    _vec(I32, 16), [j + 16 * (i & 1) for i in range(16)]))
-                acc = builder.add(acc, _maddwd(builder, _maddubs(builder, nibbles, x), sv))
-        isum = _reduce(builder, acc)
-        hi64 = builder.shl(builder.sext(msum, ir.IntType(64)), ir.Constant(ir.IntType(64), 32))
-        return builder.or_(hi64, builder.zext(isum, ir.IntType(64)))
+        quants, scales, mins = _q4_k_unpack(a, 0, args[1])
+        tok = _Token(a, 2, args[3], 4, args[5])
+        msum = _reduce(builder, tok.sums_dot(mins, _ZERO16))
+        return _pack(builder, _reduce(builder, tok.dot(quants, scales, _ZERO16)), msum)
 
     return sig, codegen
 
@@ -173,32 +239,59 @@ def q6_k_block_dot(typingctx, w, p, xq, o, sc, g, xs, gx, knobs):
 
     def codegen(context, builder, signature, args):
         a = _Args(context, builder, signature, args)
-        sarr = context.make_array(signature.args[4])(context, builder, args[4])
-        sptr = builder.bitcast(builder.gep(sarr.data, [args[5]]), _vec(I8, 16).as_pointer())
-        even = builder.sext(builder.load(sptr, align=1), _vec(I16, 16))
-        odd = builder.or_(even, _splat(builder, a.zero, I16, 16))
-        xarr = context.make_array(signature.args[6])(context, builder, args[6])
-        xptr = builder.bitcast(builder.gep(xarr.data, [args[7]]), _vec(I16, 16).as_pointer())
-        offset = _maddwd(builder, even, builder.load(xptr, align=2))
-        acc = builder.sub(ir.Constant(_vec(I32, 8), [0] * 8),
-                          builder.shl(offset, ir.Constant(_vec(I32, 8), [5] * 8)))
-        two = builder.lshr(a.shift4, ir.Constant(_vec(I8, 32), [1] * 32))
-        six = builder.add(two, a.shift4)
-        qh_shift = [None, two, a.shift4, six]
-        for h in range(2):
-            qh = a.load32(0, args[1], 128 + 32 * h)
-            for t in range(4):
-                ql = a.load32(0, args[1], 64 * h + 32 * (t & 1))
-                low = builder.and_(ql, a.mask4) if t < 2 else builder.and_(builder.lshr(ql, a.shift4), a.mask4)
-                high = qh if t == 0 else builder.lshr(qh, qh_shift[t])
-                high = builder.shl(builder.and_(high, a.mask2), ir.Constant(_vec(I8, 32), [4] * 32))
-                q = builder.or_(low, high)
-                x = a.load32(2, args[3], 128 * h + 32 * t)
-                # lanes 0-7 take scale k, 8-15 scale k+1; odd lanes from the `| zero` copy
-                k = 8 * h + 2 * t
-                lanes = [(k + (i >= 8)) + 16 * (i & 1) for i in range(16)]
-                sv = builder.shuffle_vector(even, odd, ir.Constant(_vec(I32, 16), lanes))
-                acc = builder.add(acc, _maddwd(builder, _maddubs(builder, q, x), sv))
-        return _reduce(builder, acc)
+        quants, scales, offset = _q6_k_unpack(a, 0, args[1], 4, args[5])
+        tok = _Token(a, 2, args[3], 6, args[7])
+        return _reduce(builder, tok.dot(quants, scales, tok.sums_dot(offset, _ZERO16)))
+
+    return sig, codegen
+
+
+# Several tokens per weight block (prefill of short suffixes): the block is unpacked once and
+# each token costs only its loads and multiply-adds. Token t's activations start at
+# o + t * stride in xq and gx + t * sstride in xs; results go to res.
+TILE = 4
+
+
+def _token_offset(builder, base, stride, t: int):
+    return builder.add(base, builder.mul(stride, ir.Constant(stride.type, t)))
+
+
+def _store(context, builder, aty, aval, index: int, value):
+    builder.store(value, _array_ptr(context, builder, aty, aval, ir.Constant(I64, index), value.type))
+
+
+@intrinsic
+def q4_k_block_dot_tile(typingctx, w, p, xq, o, stride, xs, gx, sstride, res, knobs):
+    """`q4_k_block_dot` for TILE tokens: res[t] = the packed int64 of token t."""
+    sig = types.void(w, p, xq, o, stride, xs, gx, sstride, res, knobs)
+
+    def codegen(context, builder, signature, args):
+        a = _Args(context, builder, signature, args)
+        quants, scales, mins = _q4_k_unpack(a, 0, args[1])
+        for t in range(TILE):
+            tok = _Token(a, 2, _token_offset(builder, args[3], args[4], t), 5,
+                         _token_offset(builder, args[6], args[7], t), t)
+            msum = _reduce(builder, tok.sums_dot(mins, _ZERO16))
+            isum = _reduce(builder, tok.dot(quants, scales, _ZERO16))
+            _store(context, builder, signature.args[8], args[8], t, _pack(builder, isum, msum))
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def q6_k_block_dot_tile(typingctx, w, p, xq, o, stride, sc, g, xs, gx, sstride, res, knobs):
+    """`q6_k_block_dot` for TILE tokens: res[t] = the int32 sum of token t."""
+    sig = types.void(w, p, xq, o, stride, sc, g, xs, gx, sstride, res, knobs)
+
+    def codegen(context, builder, signature, args):
+        a = _Args(context, builder, signature, args)
+        quants, scales, offset = _q6_k_unpack(a, 0, args[1], 5, args[6])
+        for t in range(TILE):
+            tok = _Token(a, 2, _token_offset(builder, args[3], args[4], t), 7,
+                         _token_offset(builder, args[8], args[9], t), t)
+            acc = tok.dot(quants, scales, tok.sums_dot(offset, _ZERO16))
+            _store(context, builder, signature.args[10], args[10], t, _reduce(builder, acc))
+        return context.get_dummy_value()
 
     return sig, codegen

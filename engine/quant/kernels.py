@@ -36,7 +36,7 @@ from engine.jit import SERIAL_BELOW, serial_twin
 
 from .activations import quantize_q8_k, round_activations
 from .formats import get_format, quantize, row_bytes
-from .int8_dot import KNOBS, q4_k_block_dot, q6_k_block_dot
+from .int8_dot import KNOBS, TILE, q4_k_block_dot, q4_k_block_dot_tile, q6_k_block_dot, q6_k_block_dot_tile
 
 _F32 = np.float32
 _DQ = dict(parallel=True, fastmath=False, cache=True)  # exact decode
@@ -64,25 +64,32 @@ def _bits_to_f32(typingctx, bits):
     return sig, codegen
 
 
-_TWO_112 = _F32(2.0 ** 112)
+@intrinsic
+def _half_bits_to_f32(typingctx, bits):
+    """IEEE half (the low 16 bits of an integer) -> float32 through LLVM's `fpext half`: one
+    vcvtph2ps on x86 (F16C) and one fcvt on arm64, exact for every half (subnormals, inf, nan).
+    The integer-and-branches decode it replaces took half of the Q4_K decode kernel's time."""
+    if not isinstance(bits, types.Integer):
+        return None
+    sig = types.float32(bits)
+
+    def codegen(context, builder, signature, args):
+        v = args[0]
+        v = builder.trunc(v, ir.IntType(16)) if bits.bitwidth > 16 else v
+        return builder.fpext(builder.bitcast(v, ir.HalfType()), ir.FloatType())
+
+    return sig, codegen
 
 
 @njit(inline="always", cache=True)
 def _half(h):
-    """IEEE half (as an integer 0..65535) -> float32, exact (subnormals, inf, nan included)."""
-    em = h & 0x7FFF
-    if em >= 0x7C00:
-        f = _bits_to_f32(0x7F800000 | ((em & 0x3FF) << 13))
-    else:
-        f = _bits_to_f32(em << 13) * _TWO_112
-    if h & 0x8000:
-        f = -f
-    return f
+    """IEEE half (as an integer 0..65535) -> float32, exact."""
+    return _half_bits_to_f32(h)
 
 
 @njit(inline="always", cache=True)
 def _f16_at(w, p):
-    return _half(np.int64(w[p]) | (np.int64(w[p + 1]) << 8))
+    return _half(np.uint16(w[p]) | (np.uint16(w[p + 1]) << np.uint16(8)))
 
 
 @njit(inline="always", cache=True)
@@ -625,6 +632,59 @@ def _mv_q6_k_q8k(w, xq, xd, xs16, out, knobs):
         out[r] = acc
 
 
+# Several tokens at once (a short prefill such as a chat turn's suffix): each weight block is
+# unpacked once per TILE tokens. xq (Tp*cols) int8, xd (Tp, nb), xs16 (Tp*cols/16) int16 with Tp a
+# multiple of TILE (padding tokens are zeros); out (Tp, rows). Rows go in chunks of ROW_CHUNK so
+# the small result buffer is allocated per chunk, not per row.
+_ROW_CHUNK = 16
+
+
+@njit(**_MV)
+def _mm_q4_k_q8k(w, xq, xd, xs16, out, knobs):
+    tp, nb = xd.shape
+    cols = nb * 256
+    rows = w.shape[0]
+    for c in prange((rows + _ROW_CHUNK - 1) // _ROW_CHUNK):
+        res = np.empty(TILE, np.int64)
+        for t0 in range(0, tp, TILE):  # the tile's activations stay in L1 across the chunk's rows
+            for r in range(c * _ROW_CHUNK, min(rows, (c + 1) * _ROW_CHUNK)):
+                row = w[r]
+                for t in range(TILE):
+                    out[t0 + t, r] = 0.0
+                for b in range(nb):
+                    p = b * 144
+                    q4_k_block_dot_tile(row, p, xq, t0 * cols + b * 256, cols,
+                                        xs16, (t0 * cols + b * 256) // 16, cols // 16, res, knobs)
+                    d = _f16_at(row, p)
+                    dmin = _f16_at(row, p + 2)
+                    for t in range(TILE):
+                        isum = np.int32(res[t] & 0xFFFFFFFF)
+                        msum = res[t] >> 32
+                        out[t0 + t, r] += xd[t0 + t, b] * (d * _F32(isum) - dmin * _F32(msum))
+
+
+@njit(**_MV)
+def _mm_q6_k_q8k(w, xq, xd, xs16, out, knobs):
+    tp, nb = xd.shape
+    cols = nb * 256
+    rows = w.shape[0]
+    for c in prange((rows + _ROW_CHUNK - 1) // _ROW_CHUNK):
+        res = np.empty(TILE, np.int32)
+        for t0 in range(0, tp, TILE):  # the tile's activations stay in L1 across the chunk's rows
+            for r in range(c * _ROW_CHUNK, min(rows, (c + 1) * _ROW_CHUNK)):
+                row = w[r]
+                sc = row.view(np.int8)
+                for t in range(TILE):
+                    out[t0 + t, r] = 0.0
+                for b in range(nb):
+                    p = b * 210
+                    q6_k_block_dot_tile(row, p, xq, t0 * cols + b * 256, cols, sc, p + 192,
+                                        xs16, (t0 * cols + b * 256) // 16, cols // 16, res, knobs)
+                    d = _f16_at(row, p + 208)
+                    for t in range(TILE):
+                        out[t0 + t, r] += xd[t0 + t, b] * d * _F32(res[t])
+
+
 def prepare(qtype, raw: np.ndarray, rows: int, cols: int):
     """Load-time preparation for :func:`matvec` (decoded per-block scales), or None when the
     format's kernel reads everything from the raw bytes. Pass the result as ``prepared``."""
@@ -702,6 +762,7 @@ def dequantize_rows_into(qtype, raw: np.ndarray, out: np.ndarray) -> None:
 
 _MATVEC_Q8K = {T.Q4_K: _mv_q4_k_q8k, T.Q6_K: _mv_q6_k_q8k}
 _MATVEC_Q8K_SERIAL = {qt: serial_twin(k) for qt, k in _MATVEC_Q8K.items()}
+_MATMAT_Q8K = {T.Q4_K: _mm_q4_k_q8k, T.Q6_K: _mm_q6_k_q8k}
 # Where the integer kernels are the faster path. On arm64 the same IR compiles and is correct, but
 # LLVM lowers the pair sums to umull/smull chains rather than sdot; the float path stays there
 # until that is measured (issue: arm64).
@@ -736,6 +797,23 @@ class MatvecPlan:
     @property
     def extra_nbytes(self) -> int:
         return 0 if self.prepared is None else int(self.prepared.nbytes)
+
+    def tokens(self, x: np.ndarray) -> np.ndarray:
+        """``x @ W.T`` for T tokens (x (T, cols) f32) with the multi-token int8 kernel: each weight
+        block is unpacked once per TILE tokens. Only where `self.int8`."""
+        if not self.int8:
+            raise ValueError(f"{self.qtype.name}: no multi-token integer kernel on {platform.machine()}")
+        t = x.shape[0]
+        tp = -(-t // TILE) * TILE
+        cols, nb = self.cols, self.cols // 256
+        xq = np.zeros(tp * cols, np.int8)  # padding tokens stay zero: their results are dropped
+        xd = np.zeros((tp, nb), np.float32)
+        xs16 = np.zeros(tp * cols // 16, np.int16)
+        for i in range(t):
+            quantize_q8_k(x[i], xq[i * cols:(i + 1) * cols], xd[i], xs16[i * cols // 16:(i + 1) * cols // 16])
+        out = np.empty((tp, self.rows), np.float32)
+        _MATMAT_Q8K[self.qtype](self.w, xq, xd, xs16, out, KNOBS)
+        return out[:t]
 
     def __call__(self, x: np.ndarray, out: np.ndarray) -> None:
         if self.int8:
