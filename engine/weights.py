@@ -1,8 +1,9 @@
 """A weight matrix in its stored format and the one way the model multiplies by it.
 
 `Linear(x)` with x of shape (T, in): T == 1 runs the quantized matrix-vector kernel (decode
-reads each weight byte once; Q4_K/Q6_K in int8 arithmetic on x86_64); T > 1 dequantizes the whole matrix into a reused f32 buffer and
-calls BLAS (`X @ W.T`), which measured faster here than numba int8 block kernels.
+reads each weight byte once; Q4_K/Q6_K in int8 arithmetic on x86_64); a short T (a chat turn's
+suffix) of Q4_K/Q6_K runs the multi-token int8 kernel; otherwise the whole matrix is dequantized
+into a reused f32 buffer and BLAS does `X @ W.T` (faster than the int8 kernel from T ~ 32 on).
 F32 weights are used straight from the mmap in both cases. For some formats (Q8_0, Q6_K) the
 decode kernel takes per-block scales decoded once into f32 (`kernels.prepare`), made lazily on
 the first T == 1 call and kept beside the mmap'd bytes (`prepared_nbytes`).
@@ -17,6 +18,13 @@ from gguf import GGMLQuantizationType
 from engine.gguf_file import TensorView
 from engine.quant import formats, kernels
 from engine.quant.activations import round_activations
+
+
+# Up to this many tokens, Q4_K/Q6_K products run in the multi-token int8 kernel (each weight
+# block unpacked once per 4 tokens) instead of dequantize + BLAS, whose cost is mostly fixed
+# (the whole matrix decoded to f32). Measured on 1024x3584 / 3584x1024 (/tmp-style sweep, 2
+# threads): T=18 int8 2.3-4.4 ms vs 3.7-10.5 ms; T=64 11-13 ms vs 5.4-12.5 ms.
+SHORT_PREFILL = 32
 
 
 @dataclass
@@ -63,14 +71,20 @@ class Linear:
             return x @ self._f32.T
         if x.shape[0] == 1:
             out = np.empty((1, self.out_features), dtype=np.float32)
-            if self._plan is None:
-                self._plan = kernels.MatvecPlan(self.qtype, self.raw, self.out_features, self.in_features)
-            self._plan(x[0], out[0])  # rounds the activations as llama.cpp does
+            self._matvec_plan()(x[0], out[0])  # rounds the activations as llama.cpp does
             return out
+        plan = self._matvec_plan()
+        if plan.int8 and x.shape[0] <= SHORT_PREFILL:
+            return plan.tokens(x)
         x = round_activations(x, self.qtype)
         w = self._scratch.take(self.out_features, self.in_features)
         kernels.dequantize_rows_into(self.qtype, self.raw, w)
         return x @ w.T
+
+    def _matvec_plan(self) -> kernels.MatvecPlan:
+        if self._plan is None:
+            self._plan = kernels.MatvecPlan(self.qtype, self.raw, self.out_features, self.in_features)
+        return self._plan
 
     def rows(self, ids: np.ndarray) -> np.ndarray:
         """Dequantized rows `ids` (an embedding lookup), shape (len(ids), in_features)."""

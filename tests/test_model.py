@@ -1,12 +1,14 @@
 """The Qwen3.5 forward: batched == token-by-token, state semantics, no single-token prefill."""
 import hashlib
+import platform
 
 import numpy as np
 import pytest
 
-from engine import deltanet
+from engine import deltanet, weights
 from engine.gguf_file import GGUFFile
 from engine.models.qwen35 import Qwen35
+from engine.quant import kernels
 from engine.session import Session
 
 
@@ -121,3 +123,26 @@ def test_tied_and_untied_heads(model_factory):
     tied = Qwen35(GGUFFile(model_factory("tiny", "F32", head="tied")))
     assert not untied.tied_output and tied.tied_output
     assert not GGUFFile(model_factory("tiny", "F32", head="tied")).has_tensor("output.weight")
+
+
+@pytest.mark.skipif(platform.machine() not in kernels.INT8_MACHINES, reason="the int8 kernels run on x86_64")
+def test_short_prefill_runs_the_int8_kernels_and_matches_token_by_token(model_factory, monkeypatch):
+    # a chat turn's suffix (<= SHORT_PREFILL tokens) of a Q4_K_M model never decodes a whole
+    # matrix to f32, and agrees with token-by-token decode
+    model = Qwen35(GGUFFile(model_factory("tiny", "Q4_K_M")))
+    ids = _ids(weights.SHORT_PREFILL, seed=4)
+    state = model.new_state()
+    stepped = np.stack([model.forward(ids[i:i + 1], state, logits="last") for i in range(len(ids))])
+
+    def forbidden(*a, **k):
+        raise AssertionError("a short prefill dequantized a quantized matrix")
+
+    monkeypatch.setattr(kernels, "dequantize_rows_into", forbidden)
+    batched = model.forward(ids, model.new_state(), logits="all")
+    for t in range(len(ids)):
+        assert cosine(batched[t], stepped[t]) >= 0.99999, t
+    monkeypatch.undo()
+    longer = _ids(weights.SHORT_PREFILL + 1, seed=4)
+    monkeypatch.setattr(kernels, "dequantize_rows_into", forbidden)
+    with pytest.raises(AssertionError, match="dequantized"):  # longer prompts take the BLAS path
+        model.forward(longer, model.new_state(), logits="last")

@@ -123,3 +123,27 @@ def test_argument_checks():
 
 def test_bench_matvec_reports_positive_rate():
     assert K.bench_matvec(T.Q4_K, 64, 512, reps=2) > 0
+
+
+@pytest.mark.skipif(platform.machine() not in K.INT8_MACHINES, reason="the int8 kernels run on x86_64")
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("tokens", [2, 5, 8])
+def test_multi_token_int8_kernel(qtype, tokens):
+    # several tokens per weight block (TILE = 4, padding when T is not a multiple): each row of
+    # the result is what the single-token kernel computes for that token
+    rows, cols = 19, 1024
+    raw = _random_blocks(qtype, rows, cols, 7)
+    W = F.dequantize(raw, qtype, (rows, cols)).astype(np.float64)
+    x = np.random.default_rng(tokens).standard_normal((tokens, cols), dtype=np.float32)
+    plan = K.MatvecPlan(qtype, raw, rows, cols)
+    y = plan.tokens(x)
+    assert y.shape == (tokens, rows)
+    xr = round_activations(x, qtype).astype(np.float64)
+    scale = np.abs(xr) @ np.abs(W).T
+    assert np.all(np.abs(y - xr @ W.T) <= RTOL * scale), np.max(np.abs(y - xr @ W.T) / scale)
+
+
+def test_multi_token_kernel_is_refused_where_there_is_none():
+    raw, _ = _matrix(T.Q8_0, 4, 64, 0)
+    with pytest.raises(ValueError, match="no multi-token integer kernel"):
+        K.MatvecPlan(T.Q8_0, raw, 4, 64).tokens(np.zeros((2, 64), np.float32))

@@ -649,18 +649,21 @@ def _mm_q4_k_q8k(w, xq, xd, xs16, out, knobs):
         for t0 in range(0, tp, TILE):  # the tile's activations stay in L1 across the chunk's rows
             for r in range(c * _ROW_CHUNK, min(rows, (c + 1) * _ROW_CHUNK)):
                 row = w[r]
-                for t in range(TILE):
-                    out[t0 + t, r] = 0.0
+                a0 = a1 = a2 = a3 = _F32(0.0)  # TILE == 4 accumulators in registers
                 for b in range(nb):
                     p = b * 144
                     q4_k_block_dot_tile(row, p, xq, t0 * cols + b * 256, cols,
                                         xs16, (t0 * cols + b * 256) // 16, cols // 16, res, knobs)
                     d = _f16_at(row, p)
                     dmin = _f16_at(row, p + 2)
-                    for t in range(TILE):
-                        isum = np.int32(res[t] & 0xFFFFFFFF)
-                        msum = res[t] >> 32
-                        out[t0 + t, r] += xd[t0 + t, b] * (d * _F32(isum) - dmin * _F32(msum))
+                    a0 += xd[t0, b] * (d * _F32(np.int32(res[0] & 0xFFFFFFFF)) - dmin * _F32(res[0] >> 32))
+                    a1 += xd[t0 + 1, b] * (d * _F32(np.int32(res[1] & 0xFFFFFFFF)) - dmin * _F32(res[1] >> 32))
+                    a2 += xd[t0 + 2, b] * (d * _F32(np.int32(res[2] & 0xFFFFFFFF)) - dmin * _F32(res[2] >> 32))
+                    a3 += xd[t0 + 3, b] * (d * _F32(np.int32(res[3] & 0xFFFFFFFF)) - dmin * _F32(res[3] >> 32))
+                out[t0, r] = a0
+                out[t0 + 1, r] = a1
+                out[t0 + 2, r] = a2
+                out[t0 + 3, r] = a3
 
 
 @njit(**_MV)
@@ -670,19 +673,27 @@ def _mm_q6_k_q8k(w, xq, xd, xs16, out, knobs):
     rows = w.shape[0]
     for c in prange((rows + _ROW_CHUNK - 1) // _ROW_CHUNK):
         res = np.empty(TILE, np.int32)
-        for t0 in range(0, tp, TILE):  # the tile's activations stay in L1 across the chunk's rows
+        for t0 in range(0, tp, TILE):
             for r in range(c * _ROW_CHUNK, min(rows, (c + 1) * _ROW_CHUNK)):
                 row = w[r]
                 sc = row.view(np.int8)
-                for t in range(TILE):
-                    out[t0 + t, r] = 0.0
+                a0 = a1 = a2 = a3 = _F32(0.0)
                 for b in range(nb):
                     p = b * 210
                     q6_k_block_dot_tile(row, p, xq, t0 * cols + b * 256, cols, sc, p + 192,
                                         xs16, (t0 * cols + b * 256) // 16, cols // 16, res, knobs)
                     d = _f16_at(row, p + 208)
-                    for t in range(TILE):
-                        out[t0 + t, r] += xd[t0 + t, b] * d * _F32(res[t])
+                    a0 += xd[t0, b] * d * _F32(res[0])
+                    a1 += xd[t0 + 1, b] * d * _F32(res[1])
+                    a2 += xd[t0 + 2, b] * d * _F32(res[2])
+                    a3 += xd[t0 + 3, b] * d * _F32(res[3])
+                out[t0, r] = a0
+                out[t0 + 1, r] = a1
+                out[t0 + 2, r] = a2
+                out[t0 + 3, r] = a3
+
+
+assert TILE == 4, "the multi-token kernels keep four accumulators"
 
 
 def prepare(qtype, raw: np.ndarray, rows: int, cols: int):
