@@ -139,8 +139,12 @@ def test_short_prefill_runs_the_int8_kernels_and_matches_token_by_token(model_fa
 
     monkeypatch.setattr(kernels, "dequantize_rows_into", forbidden)
     batched = model.forward(ids, model.new_state(), logits="all")
+    # 0.9999, not the F32 tests' 0.99999: the activations are rounded to int8 before every
+    # product, and batched vs stepped hidden states differ in the last bits (chunked DeltaNet,
+    # BLAS attention), so a value on a rounding boundary can land one step apart (measured
+    # 0.99995 at worst on this random model, once in several runs)
     for t in range(len(ids)):
-        assert cosine(batched[t], stepped[t]) >= 0.99999, t
+        assert cosine(batched[t], stepped[t]) >= 0.9999, t
     monkeypatch.undo()
     longer = _ids(weights.SHORT_PREFILL + 1, seed=4)
     monkeypatch.setattr(kernels, "dequantize_rows_into", forbidden)
