@@ -2,7 +2,9 @@
 
 numba kernels, parallel over rows: on (512, 3584) activations the numpy versions cost more
 than the dequantization (profile of a 0.8B prefill: sigmoid/silu 0.8 s, conv 0.4 s of 12 s
-CPU), because each numpy expression makes temporaries and passes over memory again.
+CPU), because each numpy expression makes temporaries and passes over memory again. The
+sigmoids use `fast_exp`: with numba's scalar expf SiLU over (512, 6144) took 8.7 ms, 1.3 ms
+with it (a 512-token 0.8B prefill spent 0.74 s in SiLU).
 """
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import numpy as np
 from numba import prange
 
 from engine.jit import kernel
+from engine.llvm_ops import fast_exp
 
 _K = dict(fastmath=True, cache=True)
 
@@ -40,21 +43,21 @@ def rms_norm(x: np.ndarray, w: np.ndarray | None, eps: float) -> np.ndarray:
 @kernel(**_K)
 def _sigmoid_flat(x, out):
     for i in prange(x.size):
-        out[i] = np.float32(1.0) / (np.float32(1.0) + np.exp(-x[i]))
+        out[i] = np.float32(1.0) / (np.float32(1.0) + fast_exp(-x[i]))
 
 
 @kernel(**_K)
 def _silu_flat(x, out):
     for i in prange(x.size):
         v = x[i]
-        out[i] = v / (np.float32(1.0) + np.exp(-v))
+        out[i] = v / (np.float32(1.0) + fast_exp(-v))
 
 
 @kernel(**_K)
 def _silu_mul_flat(g, u, out):
     for i in prange(g.size):
         v = g[i]
-        out[i] = v / (np.float32(1.0) + np.exp(-v)) * u[i]
+        out[i] = v / (np.float32(1.0) + fast_exp(-v)) * u[i]
 
 
 def _flat(x: np.ndarray) -> np.ndarray:

@@ -147,3 +147,23 @@ def test_multi_token_kernel_is_refused_where_there_is_none():
     raw, _ = _matrix(T.Q8_0, 4, 64, 0)
     with pytest.raises(ValueError, match="no multi-token integer kernel"):
         K.MatvecPlan(T.Q8_0, raw, 4, 64).tokens(np.zeros((2, 64), np.float32))
+
+
+def test_fast_exp_accuracy():
+    from numba import njit
+
+    from engine.llvm_ops import fast_exp
+
+    @njit
+    def run(a, o):
+        for i in range(a.size):
+            o[i] = fast_exp(a[i])
+
+    x = np.linspace(-87, 88, 200001).astype(np.float32)
+    out = np.empty_like(x)
+    run(x, out)
+    ref = np.exp(x.astype(np.float64))
+    assert np.max(np.abs(out - ref) / ref) < 1e-6
+    big = np.array([-1e4, -100, 100, 1e4], np.float32)  # clamped: finite, no nan
+    run(big, out[:4])
+    assert np.all(np.isfinite(out[:4])) and out[0] < 1e-37 and out[3] > 1e38

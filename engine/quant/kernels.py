@@ -14,9 +14,8 @@ Two operations per format, one njit kernel each, chosen by a Python-level dispat
   Constant offsets and Q4_K/Q5_K mins are folded out with per-sub-block sums of ``x`` that are
   computed once per call (``sum_l q*x - 32*sum_l x`` instead of ``sum_l (q-32)*x``).
 
-Everything is portable LLVM (no intrinsics beyond an int->float bit cast), so the same code
-runs on arm64 Graviton and x86_64. f16 scales are decoded with integer ops plus one float
-multiply (exact for normals and subnormals) instead of a libcall.
+Everything is portable LLVM (no target intrinsics), so the same code runs on arm64 Graviton and
+x86_64. f16 scales are decoded with LLVM's `fpext half` (engine/llvm_ops.py).
 
 ``bench_matvec(qtype, rows, cols, reps)`` returns weight-bytes GB/s for the benchmark script.
 """
@@ -28,11 +27,10 @@ import time
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
-from llvmlite import ir
-from numba import njit, prange, types
-from numba.extending import intrinsic
+from numba import njit, prange
 
 from engine.jit import SERIAL_BELOW, serial_twin
+from engine.llvm_ops import bits_to_f32, half_bits_to_f32
 
 from .activations import quantize_q8_k, round_activations
 from .formats import get_format, quantize, row_bytes
@@ -45,46 +43,10 @@ _MV = dict(parallel=True, fastmath=True, cache=True)   # reductions
 
 # ----------------------------------------------------------------------------- scalar helpers
 
-@intrinsic
-def _bits_to_f32(typingctx, bits):
-    """Reinterpret the low 32 bits of an integer as a float32."""
-    if not isinstance(bits, types.Integer):
-        return None
-    sig = types.float32(bits)
-
-    def codegen(context, builder, signature, args):
-        v = args[0]
-        width = bits.bitwidth
-        if width > 32:
-            v = builder.trunc(v, ir.IntType(32))
-        elif width < 32:
-            v = builder.zext(v, ir.IntType(32))
-        return builder.bitcast(v, ir.FloatType())
-
-    return sig, codegen
-
-
-@intrinsic
-def _half_bits_to_f32(typingctx, bits):
-    """IEEE half (the low 16 bits of an integer) -> float32 through LLVM's `fpext half`: one
-    vcvtph2ps on x86 (F16C) and one fcvt on arm64, exact for every half (subnormals, inf, nan).
-    The integer-and-branches decode it replaces took half of the Q4_K decode kernel's time."""
-    if not isinstance(bits, types.Integer):
-        return None
-    sig = types.float32(bits)
-
-    def codegen(context, builder, signature, args):
-        v = args[0]
-        v = builder.trunc(v, ir.IntType(16)) if bits.bitwidth > 16 else v
-        return builder.fpext(builder.bitcast(v, ir.HalfType()), ir.FloatType())
-
-    return sig, codegen
-
-
 @njit(inline="always", cache=True)
 def _half(h):
     """IEEE half (as an integer 0..65535) -> float32, exact."""
-    return _half_bits_to_f32(h)
+    return half_bits_to_f32(h)
 
 
 @njit(inline="always", cache=True)
@@ -150,7 +112,7 @@ def _dq_f16(w, out):
 def _dq_bf16(w, out):
     for r in prange(w.shape[0]):
         for c in range(out.shape[1]):
-            out[r, c] = _bits_to_f32(np.uint32(w[r, c]) << 16)
+            out[r, c] = bits_to_f32(np.uint32(w[r, c]) << 16)
 
 
 @njit(**_MV)
@@ -176,7 +138,7 @@ def _mv_bf16(w, x, out):
     for r in prange(w.shape[0]):
         s = _F32(0.0)
         for c in range(x.shape[0]):
-            s += _bits_to_f32(np.uint32(w[r, c]) << 16) * x[c]
+            s += bits_to_f32(np.uint32(w[r, c]) << 16) * x[c]
         out[r] = s
 
 
