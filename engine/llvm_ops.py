@@ -68,3 +68,20 @@ def fast_exp(x):
     p = p * r + np.float32(1.0)
     p = p * r + np.float32(1.0)
     return p * bits_to_f32((np.int32(n) + np.int32(127)) << np.int32(23))
+
+
+@intrinsic
+def f32_to_half_to_f32(typingctx, x):
+    """float32 rounded to the nearest IEEE half (ties to even, as numpy's astype(float16)) and
+    back: `fptrunc` + `fpext`, vcvtps2ph/vcvtph2ps on x86 and fcvt on arm64."""
+    if not isinstance(x, types.Float):
+        return None
+    sig = types.float32(x)
+
+    def codegen(context, builder, signature, args):
+        v = args[0]
+        if x.bitwidth != 32:
+            v = builder.fptrunc(v, ir.FloatType())
+        return builder.fpext(builder.fptrunc(v, ir.HalfType()), ir.FloatType())
+
+    return sig, codegen

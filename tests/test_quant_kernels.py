@@ -167,3 +167,20 @@ def test_fast_exp_accuracy():
     big = np.array([-1e4, -100, 100, 1e4], np.float32)  # clamped: finite, no nan
     run(big, out[:4])
     assert np.all(np.isfinite(out[:4])) and out[0] < 1e-37 and out[3] > 1e38
+
+
+def test_q8_0_activation_rounding_matches_numpy_float16():
+    # llama.cpp's quantize_row_q8_0: d = amax/127 stored as f16 (round to nearest even; tiny
+    # values give f16 subnormals), q = round(x * 127/amax); checked bit for bit against numpy
+    rng = np.random.default_rng(0)
+    for scale in (1e-6, 1e-3, 1.0, 1e3):
+        x = (rng.standard_normal((16, 256)) * scale).astype(np.float32)
+        x[0, :32] = 0.0
+        b = x.reshape(-1, 32)
+        amax = np.abs(b).max(1)
+        d = (amax / np.float32(127.0)).astype(np.float16).astype(np.float32)
+        with np.errstate(divide="ignore"):
+            inv = np.where(amax != 0, np.float32(127.0) / amax, np.float32(0.0)).astype(np.float32)
+        ref = (np.rint(b * inv[:, None]) * d[:, None]).reshape(x.shape)
+        got = round_activations(x, T.Q8_0)
+        np.testing.assert_array_equal(got.view(np.uint32), ref.view(np.uint32))

@@ -14,6 +14,7 @@ from gguf import GGMLQuantizationType as Q
 from numba import njit, prange
 
 from engine.jit import kernel
+from engine.llvm_ops import f32_to_half_to_f32
 
 _Q8K = {Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q2_K, Q.Q3_K}
 _Q8_0 = {Q.Q8_0, Q.Q4_0, Q.Q5_0, Q.Q4_1, Q.Q5_1}
@@ -66,19 +67,17 @@ def quantize_q8_k(x, q, d, sums16):
 
 
 @kernel(cache=True)
-def _abs_max_rows(b, out):
+def _q8_0_blocks(b, out):
+    """quantize_row_q8_0 then dequantize, per 32 values: d = amax/127 kept as f16, values
+    rounded half to even (one pass; the numpy version cost ~70 us per decode product)."""
     for i in prange(b.shape[0]):
         amax = np.float32(0.0)
         for j in range(b.shape[1]):
             amax = max(amax, abs(b[i, j]))
-        out[i] = amax
-
-
-@kernel(cache=True)
-def _scale_rows(b, inv, d, out):
-    for i in prange(b.shape[0]):
+        d = f32_to_half_to_f32(amax / np.float32(127.0))
+        inv = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
         for j in range(b.shape[1]):
-            out[i, j] = np.rint(b[i, j] * inv[i]) * d[i]
+            out[i, j] = np.rint(b[i, j] * inv) * d
 
 
 def _blocks(x: np.ndarray, size: int, blocks) -> np.ndarray:
@@ -93,17 +92,7 @@ def _q8_k(x: np.ndarray) -> np.ndarray:
 
 
 def _q8_0(x: np.ndarray) -> np.ndarray:
-    """quantize_row_q8_0 then dequantize, per 32 values: d = amax/127 kept as f16 (the f16
-    rounding runs in numpy: numba has no float16)."""
-    b = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, 32)
-    amax = np.empty(b.shape[0], dtype=np.float32)
-    _abs_max_rows(b.size, b, amax)
-    d16 = (amax / np.float32(127.0)).astype(np.float16).astype(np.float32)
-    with np.errstate(divide="ignore"):
-        inv = np.where(amax != 0, np.float32(127.0) / amax, np.float32(0.0)).astype(np.float32)
-    out = np.empty_like(b)
-    _scale_rows(b.size, b, inv, d16, out)
-    return out.reshape(x.shape)
+    return _blocks(x, 32, _q8_0_blocks)
 
 
 def _bf16(x: np.ndarray) -> np.ndarray:
