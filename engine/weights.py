@@ -4,9 +4,10 @@
 reads each weight byte once; Q4_K/Q6_K in int8 arithmetic on x86_64); a short T (a chat turn's
 suffix) of Q4_K/Q6_K runs the multi-token int8 kernel; otherwise the whole matrix is dequantized
 into a reused f32 buffer and BLAS does `X @ W.T` (faster than the int8 kernel from T ~ 32 on).
-F32 weights are used straight from the mmap in both cases. For some formats (Q8_0, Q6_K) the
-decode kernel takes per-block scales decoded once into f32 (`kernels.prepare`), made lazily on
-the first T == 1 call and kept beside the mmap'd bytes (`prepared_nbytes`).
+F32 weights are used straight from the mmap in both cases. Q8_0 (and Q6_K where the float
+kernels run, i.e. arm64) decode kernels take per-block scales decoded once into f32
+(`kernels.prepare`), made lazily on the first T == 1 call and kept beside the mmap'd bytes
+(`prepared_nbytes`).
 """
 from __future__ import annotations
 
