@@ -22,7 +22,9 @@ def _ids(n: int, vocab: int, seed: int) -> list[int]:
 
 
 def run(model: str, p: int = 512, n: int = 128, threads: int | None = None, tbt: int = 32,
-        extra_pp: tuple[int, ...] = ()) -> dict:
+        extra_pp: tuple[int, ...] = (), repeat: int = 2) -> dict:
+    """`repeat`: the short measurements (pp, TTFT, token-by-token) take the best of this many
+    runs; a single prefill on a shared 2-core machine varied by 10-15 % between runs."""
     t0 = time.perf_counter()
     eng = Engine.load(model, threads=threads)
     ready_ms = (time.perf_counter() - t0) * 1e3
@@ -38,15 +40,17 @@ def run(model: str, p: int = 512, n: int = 128, threads: int | None = None, tbt:
 
     prefill_tok_s(64, 99)  # warm caches and BLAS threads once
     out["pp_tokens"] = p
-    out["pp_tok_s"] = round(prefill_tok_s(p, 1), 2)
+    out["pp_tok_s"] = round(max(prefill_tok_s(p, 1) for _ in range(repeat)), 2)
     for extra in extra_pp:
         out[f"pp{extra}_tok_s"] = round(prefill_tok_s(extra, 2), 2)
 
-    s = Session(eng.model)
-    t = time.perf_counter()
-    logits = s.prefill(_ids(AGENT_PROMPT_TOKENS, vocab, 3)).logits
-    int(np.argmax(logits))
-    out["ttft_ms"] = round((time.perf_counter() - t) * 1e3, 1)
+    def ttft_ms() -> float:
+        s = Session(eng.model)
+        t = time.perf_counter()
+        int(np.argmax(s.prefill(_ids(AGENT_PROMPT_TOKENS, vocab, 3)).logits))
+        return (time.perf_counter() - t) * 1e3
+
+    out["ttft_ms"] = round(min(ttft_ms() for _ in range(repeat)), 1)
 
     s = Session(eng.model)
     logits = s.prefill(_ids(8, vocab, 4)).logits
@@ -56,12 +60,14 @@ def run(model: str, p: int = 512, n: int = 128, threads: int | None = None, tbt:
     out["tg_tokens"] = n
     out["tg_tok_s"] = round(n / (time.perf_counter() - t), 2)
 
-    s = Session(eng.model)
-    ids = _ids(tbt, vocab, 5)
-    t = time.perf_counter()
-    for tok in ids:
-        s.step(tok)
-    out["token_by_token_prefill_tok_s"] = round(tbt / (time.perf_counter() - t), 2)
+    def token_by_token_tok_s() -> float:
+        s = Session(eng.model)
+        t = time.perf_counter()
+        for tok in _ids(tbt, vocab, 5):
+            s.step(tok)
+        return tbt / (time.perf_counter() - t)
+
+    out["token_by_token_prefill_tok_s"] = round(max(token_by_token_tok_s() for _ in range(repeat)), 2)
     out["batched_over_token_by_token"] = round(out["pp_tok_s"] / out["token_by_token_prefill_tok_s"], 2)
     out["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     return out
