@@ -5,23 +5,31 @@ llama.cpp multiplies a Q4_K/Q6_K row by activations quantized to Q8_K (int8 + on
 pairs summed to i32 (`pmaddwd`), one float multiply per block. numba cannot say this: it types
 integer arithmetic as int64, so its loops run 4 lanes per AVX2 register. The intrinsics below
 emit the generic IR patterns LLVM's backends lower to those instructions. No target intrinsic is
-named: the same IR compiles on arm64, where it is correct but not yet tuned (see
-`INT8_MACHINES` in kernels.py).
+named, but the IR has only been compiled and checked on x86_64 (`INT8_MACHINES` in kernels.py
+keeps arm64 on the float kernels until it is).
 
-Two things keep LLVM on the fast instructions (measured on znver3, Q4_K 1024x3584, 1 thread,
-CPU-seconds: float-path kernel 2.5 GB/s, this one 5.5):
+What keeps LLVM on the fast instructions (measured on znver3, `python -m bench.kernels`, Q4_K
+1024x3584, 1 thread, CPU-seconds: float-path kernel 2.5 GB/s; with the first two points 5.5;
+with all of them and the f16 scales through `fpext` 8.7-12):
 
 * The x86 backend recognises `pmaddubsw` only with its saturation clamp in the IR. When LLVM can
   prove the weight lanes small (after `& 15` or `>> 4` by constants) InstCombine deletes the
   clamp as redundant and the match is lost (the sum is then done with widening shuffles, 3.0-3.4
   GB/s). So the masks and shifts come in at run time (`KNOBS`), values LLVM cannot see.
-* `pmaddwd` with a splat scale gets factored to ``(even + odd) * s`` (phadd + pmulld). The odd
-  lanes of the scale vector are therefore ``s | zero`` with a run-time zero.
+* The scale multiply is written as ``acc += sext(p16) * sext(scale)`` lane by lane, feeding the
+  final `reduce.add`: LLVM's X86PartialReduction pass turns such multiply-adds into `pmaddwd`
+  (hand-written even/odd pair sums were instead de-interleaved with ~4 shuffles per 32 values).
+  The pass wants each multiply operand used once, so every operand is xor'ed with a run-time
+  zero of its token's own; the xor on the `pmaddubsw` result also stops InstCombine folding
+  sext(trunc(clamp)) away.
 * Per-block bookkeeping stays inside the IR (Q4_K's 6-bit scale/min unpacking, the Q6_K -32
   offset through the activation sums): as scalar numba code it took 2/3 of the Q6_K time.
+* Shift amounts are splats of run-time scalars: a computed shift vector is emulated lane by
+  lane on x86 (vpsllw/vpblendvb chains).
 
-Left on the table: LLVM still de-interleaves the i16 pair products with shifts/blends before
-`pmaddwd` (~50 of ~200 vector instructions per block).
+Left on the table: each token still ends every block with horizontal reductions and scalar float
+math; a float accumulator vector carried across blocks (llama.cpp's layout) would remove them,
+which matters most for the multi-token kernels.
 """
 from __future__ import annotations
 
