@@ -74,9 +74,9 @@ class Linear:
             out = np.empty((1, self.out_features), dtype=np.float32)
             self._matvec_plan()(x[0], out[0])  # rounds the activations as llama.cpp does
             return out
-        plan = self._matvec_plan()
-        if plan.int8 and x.shape[0] <= SHORT_PREFILL:
-            return plan.tokens(x)
+        # ask before building the plan: for other formats it would prepare decode-only scales
+        if x.shape[0] <= SHORT_PREFILL and kernels.has_int8_kernels(self.qtype):
+            return self._matvec_plan().tokens(x)
         x = round_activations(x, self.qtype)
         w = self._scratch.take(self.out_features, self.in_features)
         kernels.dequantize_rows_into(self.qtype, self.raw, w)

@@ -743,8 +743,9 @@ _MATMAT_Q8K = {T.Q4_K: _mm_q4_k_q8k, T.Q6_K: _mm_q6_k_q8k}
 INT8_MACHINES = {"x86_64", "AMD64"}
 
 
-def _int8_path(qt) -> bool:
-    return qt in _MATVEC_Q8K and platform.machine() in INT8_MACHINES
+def has_int8_kernels(qtype) -> bool:
+    """Whether `qtype` products run the integer kernels here (MatvecPlan.int8, .tokens)."""
+    return get_format(qtype).qtype in _MATVEC_Q8K and platform.machine() in INT8_MACHINES
 
 
 class MatvecPlan:
@@ -756,7 +757,7 @@ class MatvecPlan:
         qt, self.w = _weights(qtype, raw, rows, cols)
         self.qtype, self.rows, self.cols = qt, rows, cols
         small = rows * cols < SERIAL_BELOW  # the 16-row DeltaNet beta/alpha: a launch costs more
-        self.int8 = _int8_path(qt)
+        self.int8 = has_int8_kernels(qt)
         if self.int8:
             self.kernel = (_MATVEC_Q8K_SERIAL if small else _MATVEC_Q8K)[qt]
             self.xq = np.empty(cols, np.int8)
@@ -783,8 +784,9 @@ class MatvecPlan:
         xq = np.zeros(tp * cols, np.int8)  # padding tokens stay zero: their results are dropped
         xd = np.zeros((tp, nb), np.float32)
         xs16 = np.zeros(tp * cols // 16, np.int16)
-        for i in range(t):
-            quantize_q8_k(x[i], xq[i * cols:(i + 1) * cols], xd[i], xs16[i * cols // 16:(i + 1) * cols // 16])
+        # blocks never straddle tokens (cols % 256 == 0), so all tokens quantize in one call
+        quantize_q8_k(np.ascontiguousarray(x).reshape(-1), xq[:t * cols], xd.reshape(-1)[:t * nb],
+                      xs16[:t * cols // 16])
         out = np.empty((tp, self.rows), np.float32)
         _MATMAT_Q8K[self.qtype](self.w, xq, xd, xs16, out, KNOBS)
         return out[:t]
