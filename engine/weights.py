@@ -1,11 +1,11 @@
 """A weight matrix in its stored format and the one way the model multiplies by it.
 
 `Linear(x)` with x of shape (T, in): T == 1 runs the quantized matrix-vector kernel (decode
-reads each weight byte once; Q4_K/Q6_K in int8 arithmetic on x86_64); a short T (a chat turn's
+reads each weight byte once; Q4_K/Q6_K/Q8_0 in int8 arithmetic on x86_64); a short T (a chat turn's
 suffix) of Q4_K/Q6_K runs the multi-token int8 kernel; otherwise the whole matrix is dequantized
 into a reused f32 buffer and BLAS does `X @ W.T` (faster than the int8 kernel from T ~ 32 on).
-F32 weights are used straight from the mmap in both cases. Q8_0 (and Q6_K where the float
-kernels run, i.e. arm64) decode kernels take per-block scales decoded once into f32
+F32 weights are used straight from the mmap in both cases. Where the float kernels run (arm64)
+the Q8_0 and Q6_K decode kernels take per-block scales decoded once into f32
 (`kernels.prepare`), made lazily on the first T == 1 call and kept beside the mmap'd bytes
 (`prepared_nbytes`).
 """
@@ -75,7 +75,7 @@ class Linear:
             self._matvec_plan()(x[0], out[0])  # rounds the activations as llama.cpp does
             return out
         # ask before building the plan: for other formats it would prepare decode-only scales
-        if x.shape[0] <= SHORT_PREFILL and kernels.has_int8_kernels(self.qtype):
+        if x.shape[0] <= SHORT_PREFILL and kernels.has_multi_token_kernel(self.qtype):
             return self._matvec_plan().tokens(x)
         x = round_activations(x, self.qtype)
         w = self._scratch.take(self.out_features, self.in_features)

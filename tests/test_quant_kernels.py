@@ -62,10 +62,11 @@ def _random_blocks(qtype, rows, cols, seed):
     return raw
 
 
-@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0], ids=lambda t: t.name)
 def test_int8_kernels_on_random_bytes(qtype):
-    # every nibble, 6-bit quant and scale value, through the integer path where it runs: the
-    # u8 x s8 pair sums must never saturate and the scale/min/offset bookkeeping must be exact
+    # every nibble, 6-bit quant, int8 (-128 included) and scale value, through the integer path
+    # where it runs: the pair sums must never saturate and the scale/min/offset bookkeeping must
+    # be exact
     rows, cols = 24, 1024
     raw = _random_blocks(qtype, rows, cols, 5)
     W = F.dequantize(raw, qtype, (rows, cols)).astype(np.float64)
@@ -147,6 +148,22 @@ def test_multi_token_kernel_is_refused_where_there_is_none():
     raw, _ = _matrix(T.Q8_0, 4, 64, 0)
     with pytest.raises(ValueError, match="no multi-token integer kernel"):
         K.MatvecPlan(T.Q8_0, raw, 4, 64).tokens(np.zeros((2, 64), np.float32))
+
+
+def test_q8_0_integer_activations_are_the_rounded_activations():
+    # the Q8_0 integer kernel's activations (int values + block scales) times each other are
+    # exactly what round_activations gives the float kernels (and llama.cpp's quantize_row_q8_0)
+    from engine.quant.activations import quantize_q8_0
+
+    rng = np.random.default_rng(4)
+    x = (rng.standard_normal(1024) * 10.0 ** rng.integers(-6, 4, 1024)).astype(np.float32)
+    x[:32] = 0.0
+    q16 = np.empty(1024, np.int16)
+    d = np.empty(32, np.float32)
+    quantize_q8_0(x, q16, d)
+    assert np.abs(q16).max() <= 127 and d[0] == 0.0
+    got = (q16.reshape(32, 32) * d[:, None]).reshape(-1).astype(np.float32)
+    np.testing.assert_array_equal(got, round_activations(x, T.Q8_0))  # equal values (0.0 == -0.0)
 
 
 def test_fast_exp_accuracy():

@@ -66,18 +66,35 @@ def quantize_q8_k(x, q, d, sums16):
             sums16[i * 16 + g] = acc
 
 
+@njit(inline="always", cache=True)
+def _q8_0_scales(block):
+    """quantize_row_q8_0's scales of one 32-value block: (d = amax/127 kept as f16, 127/amax)."""
+    amax = np.float32(0.0)
+    for j in range(block.shape[0]):
+        amax = max(amax, abs(block[j]))
+    inv = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
+    return f32_to_half_to_f32(amax / np.float32(127.0)), inv
+
+
 @kernel(cache=True)
 def _q8_0_blocks(b, out):
-    """quantize_row_q8_0 then dequantize, per 32 values: d = amax/127 kept as f16, values
-    rounded half to even (one pass; the numpy version cost ~70 us per decode product)."""
+    """quantize_row_q8_0 then dequantize, per 32 values, values rounded half to even (one
+    pass; the numpy version cost ~70 us per decode product)."""
     for i in prange(b.shape[0]):
-        amax = np.float32(0.0)
-        for j in range(b.shape[1]):
-            amax = max(amax, abs(b[i, j]))
-        d = f32_to_half_to_f32(amax / np.float32(127.0))
-        inv = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
+        d, inv = _q8_0_scales(b[i])
         for j in range(b.shape[1]):
             out[i, j] = np.rint(b[i, j] * inv) * d
+
+
+@njit(cache=True)
+def quantize_q8_0(x, q16, d):
+    """x (n,) f32 -> q16 (n,) the int8 values (as int16, what the Q8_0 integer kernel loads) and
+    d (n/32,) f32 block scales, rounded as `_q8_0_blocks` rounds them."""
+    for i in range(x.shape[0] // 32):
+        blk = x[i * 32:(i + 1) * 32]
+        d[i], inv = _q8_0_scales(blk)
+        for j in range(32):
+            q16[i * 32 + j] = np.int16(np.rint(blk[j] * inv))
 
 
 def _blocks(x: np.ndarray, size: int, blocks) -> np.ndarray:

@@ -27,9 +27,15 @@ with all of them and the f16 scales through `fpext` 8.7-12):
 * Shift amounts are splats of run-time scalars: a computed shift vector is emulated lane by
   lane on x86 (vpsllw/vpblendvb chains).
 
-Left on the table: each token still ends every block with horizontal reductions and scalar float
-math; a float accumulator vector carried across blocks (llama.cpp's layout) would remove them,
-which matters most for the multi-token kernels.
+Q8_0 (`q8_0_row_dot`) has a scale per 32 values, so a horizontal reduction per block would cost
+as much as the products: the whole row runs inside the IR with an `<8 x float>` accumulator
+carried across blocks (llama.cpp's layout) and one reduction at the end. Its products are written
+as i32 multiplies of sign-extended lanes, even plus odd lanes, which x86 lowers to `pmaddwd`
+(the activations come in as int16, so only the weights are widened in the loop).
+
+Left on the table: the K-format kernels still end every block with horizontal reductions and
+scalar float math; the Q8_0 layout would remove them, which matters most for the multi-token
+kernels.
 """
 from __future__ import annotations
 
@@ -301,5 +307,59 @@ def q6_k_block_dot_tile(typingctx, w, p, xq, o, stride, sc, g, xs, gx, sstride, 
             acc = tok.dot(quants, scales, tok.sums_dot(offset, _ZERO16))
             _store(context, builder, signature.args[10], args[10], t, _reduce(builder, acc))
         return context.get_dummy_value()
+
+    return sig, codegen
+
+
+F32 = ir.FloatType()
+
+
+def _fma(builder, a, b, c):
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(a.type, [a.type] * 3),
+                                        f"llvm.fma.v{a.type.count}f32")
+    return builder.call(fn, [a, b, c])
+
+
+def _lanes(builder, v, idx):
+    return builder.shuffle_vector(v, v, ir.Constant(_vec(I32, len(idx)), list(idx)))
+
+
+def _sum_lanes_f32(builder, v):
+    """Horizontal sum of an <8 x float> by halving (the order is fixed, not reassociated)."""
+    while v.type.count > 1:
+        n = v.type.count // 2
+        v = builder.fadd(_lanes(builder, v, range(n)), _lanes(builder, v, range(n, 2 * n)))
+    return builder.extract_element(v, ir.Constant(I32, 0))
+
+
+@intrinsic
+def q8_0_row_dot(typingctx, row, xq16, xd, nb):
+    """sum_b f16(row block b scale) * xd[b] * (the block's 32 int8 quants . xq16[32b:32b+32]) over
+    the nb Q8_0 blocks (34 bytes: f16 scale, 32 int8) of `row` (uint8), as float32. `xq16` holds
+    the activations quantized to Q8_0 (int8 values as int16), `xd` their block scales."""
+    sig = types.float32(row, xq16, xd, nb)
+
+    def codegen(context, builder, signature, args):
+        b = builder
+        w = context.make_array(signature.args[0])(context, b, args[0])
+        xq = context.make_array(signature.args[1])(context, b, args[1])
+        xd = context.make_array(signature.args[2])(context, b, args[2])
+        v8f = _vec(F32, 8)
+        acc_ptr = cgutils.alloca_once_value(b, ir.Constant(v8f, [0.0] * 8))
+        with cgutils.for_range(b, args[3]) as loop:
+            i = loop.index
+            p = b.mul(i, ir.Constant(i.type, 34))
+            w_scale_ptr = b.bitcast(b.gep(w.data, [p]), I16.as_pointer())
+            w_scale = b.fpext(b.bitcast(b.load(w_scale_ptr, align=1), ir.HalfType()), F32)
+            scale = b.fmul(w_scale, b.load(b.gep(xd.data, [i])))
+            quants_ptr = b.bitcast(b.gep(w.data, [b.add(p, ir.Constant(p.type, 2))]), _vec(I8, 32).as_pointer())
+            x_ptr = b.bitcast(b.gep(xq.data, [b.mul(i, ir.Constant(i.type, 32))]), _vec(I16, 32).as_pointer())
+            products = b.mul(b.sext(b.load(quants_ptr, align=1), _vec(I32, 32)),
+                             b.sext(b.load(x_ptr, align=2), _vec(I32, 32)))
+            pairs = b.add(_lanes(b, products, range(0, 32, 2)), _lanes(b, products, range(1, 32, 2)))
+            block_sums = b.add(_lanes(b, pairs, range(8)), _lanes(b, pairs, range(8, 16)))
+            scale8 = _lanes(b, b.insert_element(ir.Constant(v8f, ir.Undefined), scale, ir.Constant(I32, 0)), [0] * 8)
+            b.store(_fma(b, b.sitofp(block_sums, v8f), scale8, b.load(acc_ptr)), acc_ptr)
+        return _sum_lanes_f32(b, b.load(acc_ptr))
 
     return sig, codegen

@@ -32,9 +32,10 @@ from numba import njit, prange
 from engine.jit import SERIAL_BELOW, serial_twin
 from engine.llvm_ops import bits_to_f32, half_bits_to_f32
 
-from .activations import quantize_q8_k, round_activations
+from .activations import quantize_q8_0, quantize_q8_k, round_activations
 from .formats import get_format, quantize, row_bytes
-from .int8_dot import KNOBS, TILE, q4_k_block_dot, q4_k_block_dot_tile, q6_k_block_dot, q6_k_block_dot_tile
+from .int8_dot import (KNOBS, TILE, q4_k_block_dot, q4_k_block_dot_tile, q6_k_block_dot, q6_k_block_dot_tile,
+                       q8_0_row_dot)
 
 _F32 = np.float32
 _DQ = dict(parallel=True, fastmath=False, cache=True)  # exact decode
@@ -596,6 +597,15 @@ def _mv_q6_k_q8k(w, xq, xd, xs16, out, knobs):
         out[r] = acc
 
 
+@njit(**_MV)
+def _mv_q8_0_q8(w, xq16, xd, out):
+    # Q8_0 x Q8_0 activations; 1024x3584, 2 threads: ~19-26 GB/s against ~10-12 for the float
+    # kernel with prepared scales (/tmp sweep, machine shared with a background job)
+    nb = xd.shape[0]
+    for r in prange(w.shape[0]):
+        out[r] = q8_0_row_dot(w[r], xq16, xd, nb)
+
+
 # Several tokens at once (a short prefill such as a chat turn's suffix): each weight block is
 # unpacked once per TILE tokens. xq (Tp*cols) int8, xd (Tp, nb), xs16 (Tp*cols/16) int16 with Tp a
 # multiple of TILE (padding tokens are zeros); out (Tp, rows). Rows go in chunks of ROW_CHUNK so
@@ -735,8 +745,10 @@ def dequantize_rows_into(qtype, raw: np.ndarray, out: np.ndarray) -> None:
     _DEQUANT[qt](w, out)
 
 
-_MATVEC_Q8K = {T.Q4_K: _mv_q4_k_q8k, T.Q6_K: _mv_q6_k_q8k}
-_MATVEC_Q8K_SERIAL = {qt: serial_twin(k) for qt, k in _MATVEC_Q8K.items()}
+# Integer matrix-vector kernels: K formats take Q8_K activations (w, xq, xd, xs16, out, knobs),
+# Q8_0 takes Q8_0 activations (w, xq16, xd, out).
+_MATVEC_INT8 = {T.Q4_K: _mv_q4_k_q8k, T.Q6_K: _mv_q6_k_q8k, T.Q8_0: _mv_q8_0_q8}
+_MATVEC_INT8_SERIAL = {qt: serial_twin(k) for qt, k in _MATVEC_INT8.items()}
 _MATMAT_Q8K = {T.Q4_K: _mm_q4_k_q8k, T.Q6_K: _mm_q6_k_q8k}
 # Where the integer kernels run. Their IR is generic, but it has only been compiled, tested and
 # measured on x86_64; arm64 keeps the float kernels until it is checked there (docs/arm64.md).
@@ -744,8 +756,13 @@ INT8_MACHINES = {"x86_64", "AMD64"}
 
 
 def has_int8_kernels(qtype) -> bool:
-    """Whether `qtype` products run the integer kernels here (MatvecPlan.int8, .tokens)."""
-    return get_format(qtype).qtype in _MATVEC_Q8K and platform.machine() in INT8_MACHINES
+    """Whether `qtype` matrix-vector products run the integer kernels here (MatvecPlan.int8)."""
+    return get_format(qtype).qtype in _MATVEC_INT8 and platform.machine() in INT8_MACHINES
+
+
+def has_multi_token_kernel(qtype) -> bool:
+    """Whether `MatvecPlan.tokens` (several tokens per weight block) runs for `qtype` here."""
+    return get_format(qtype).qtype in _MATMAT_Q8K and has_int8_kernels(qtype)
 
 
 class MatvecPlan:
@@ -759,10 +776,14 @@ class MatvecPlan:
         small = rows * cols < SERIAL_BELOW  # the 16-row DeltaNet beta/alpha: a launch costs more
         self.int8 = has_int8_kernels(qt)
         if self.int8:
-            self.kernel = (_MATVEC_Q8K_SERIAL if small else _MATVEC_Q8K)[qt]
-            self.xq = np.empty(cols, np.int8)
-            self.xd = np.empty(cols // 256, np.float32)
-            self.xs16 = np.empty(cols // 16, np.int16)
+            self.kernel = (_MATVEC_INT8_SERIAL if small else _MATVEC_INT8)[qt]
+            if qt == T.Q8_0:
+                self.xq = np.empty(cols, np.int16)
+                self.xd = np.empty(cols // 32, np.float32)
+            else:
+                self.xq = np.empty(cols, np.int8)
+                self.xd = np.empty(cols // 256, np.float32)
+                self.xs16 = np.empty(cols // 16, np.int16)
             self.prepared = None
         else:
             self.kernel = (_MATVEC_SERIAL if small else _MATVEC)[qt]
@@ -775,8 +796,8 @@ class MatvecPlan:
 
     def tokens(self, x: np.ndarray) -> np.ndarray:
         """``x @ W.T`` for T tokens (x (T, cols) f32) with the multi-token int8 kernel: each weight
-        block is unpacked once per TILE tokens. Only where `self.int8`."""
-        if not self.int8:
+        block is unpacked once per TILE tokens. Only where `has_multi_token_kernel`."""
+        if not has_multi_token_kernel(self.qtype):
             raise ValueError(f"{self.qtype.name}: no multi-token integer kernel on {platform.machine()}")
         t = x.shape[0]
         tp = -(-t // TILE) * TILE
@@ -792,6 +813,10 @@ class MatvecPlan:
         return out[:t]
 
     def __call__(self, x: np.ndarray, out: np.ndarray) -> None:
+        if self.int8 and self.qtype == T.Q8_0:
+            quantize_q8_0(x, self.xq, self.xd)
+            self.kernel(self.w, self.xq, self.xd, out)
+            return
         if self.int8:
             quantize_q8_k(x, self.xq, self.xd, self.xs16)
             self.kernel(self.w, self.xq, self.xd, self.xs16, out, KNOBS)
