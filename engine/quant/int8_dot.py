@@ -1,41 +1,33 @@
-"""Integer dot products of K-format weights with Q8_K activations, written as LLVM vector IR.
+"""Integer dot products of quantized rows with quantized activations, written as LLVM vector IR.
 
 llama.cpp multiplies a Q4_K/Q6_K row by activations quantized to Q8_K (int8 + one f32 scale per
-256 values) in integer arithmetic: u8 x s8 pairs summed to i16 (x86 `pmaddubsw`), i16 x scale
-pairs summed to i32 (`pmaddwd`), one float multiply per block. numba cannot say this: it types
-integer arithmetic as int64, so its loops run 4 lanes per AVX2 register. The intrinsics below
-emit the generic IR patterns LLVM's backends lower to those instructions. No target intrinsic is
+256 values), and a Q8_0 row by Q8_0 activations, in integer arithmetic: u8 x s8 pairs summed to
+i16 (x86 `pmaddubsw`), i16 x scale pairs summed to i32 (`pmaddwd`), converted and multiplied by
+the block's float scales into a float accumulator vector carried across the row, with one
+horizontal sum per row. numba cannot say this: it types integer arithmetic as int64, so its
+loops run 4 lanes per AVX2 register. The intrinsics below run a whole row (or a row times TILE
+tokens) as generic IR that LLVM's backends lower to those instructions. No target intrinsic is
 named, but the IR has only been compiled and checked on x86_64 (`INT8_MACHINES` in kernels.py
 keeps arm64 on the float kernels until it is).
 
 What keeps LLVM on the fast instructions (measured on znver3, `python -m bench.kernels`, Q4_K
-1024x3584, 1 thread, CPU-seconds: float-path kernel 2.5 GB/s; with the first two points 5.5;
-with all of them and the f16 scales through `fpext` 8.7-12):
+1024x3584, GB/s of weight bytes, 2 threads: float-path kernel 4.6; per-block integer dot with a
+horizontal reduction per block 14-15; whole rows with the float accumulator 20-23):
 
 * The x86 backend recognises `pmaddubsw` only with its saturation clamp in the IR. When LLVM can
   prove the weight lanes small (after `& 15` or `>> 4` by constants) InstCombine deletes the
   clamp as redundant and the match is lost (the sum is then done with widening shuffles, 3.0-3.4
-  GB/s). So the masks and shifts come in at run time (`KNOBS`), values LLVM cannot see.
-* The scale multiply is written as ``acc += sext(p16) * sext(scale)`` lane by lane, feeding the
-  final `reduce.add`: LLVM's X86PartialReduction pass turns such multiply-adds into `pmaddwd`
-  (hand-written even/odd pair sums were instead de-interleaved with ~4 shuffles per 32 values).
-  The pass wants each multiply operand used once, so every operand is xor'ed with a run-time
-  zero of its token's own; the xor on the `pmaddubsw` result also stops InstCombine folding
-  sext(trunc(clamp)) away.
+  GB/s). So the masks and shifts come in at run time (`KNOBS`), values LLVM cannot see, and the
+  `pmaddubsw` result is xor'ed with a run-time zero so sext(trunc(clamp)) is not folded either.
+* Pair sums are written as i32 products of sign-extended lanes, even lanes plus odd lanes, after
+  the multiply: x86 lowers that to `pmaddwd` (shuffling the operands before the multiply was
+  de-interleaved with ~4 shuffles per 32 values instead).
 * Per-block bookkeeping stays inside the IR (Q4_K's 6-bit scale/min unpacking, the Q6_K -32
-  offset through the activation sums): as scalar numba code it took 2/3 of the Q6_K time.
+  offset through the activation sums, the f16 block scales through `fpext`): as scalar numba
+  code it took 2/3 of the Q6_K time.
 * Shift amounts are splats of run-time scalars: a computed shift vector is emulated lane by
   lane on x86 (vpsllw/vpblendvb chains).
-
-Q8_0 (`q8_0_row_dot`) has a scale per 32 values, so a horizontal reduction per block would cost
-as much as the products: the whole row runs inside the IR with an `<8 x float>` accumulator
-carried across blocks (llama.cpp's layout) and one reduction at the end. Its products are written
-as i32 multiplies of sign-extended lanes, even plus odd lanes, which x86 lowers to `pmaddwd`
-(the activations come in as int16, so only the weights are widened in the loop).
-
-Left on the table: the K-format kernels still end every block with horizontal reductions and
-scalar float math; the Q8_0 layout would remove them, which matters most for the multi-token
-kernels.
+* Q8_0 activations come in as int16, so only the weights are widened in the loop.
 """
 from __future__ import annotations
 
@@ -68,31 +60,22 @@ def _vector_fn(module, base: str, vt: ir.VectorType, nargs: int, scalar_result: 
     return cgutils.get_or_insert_function(module, ir.FunctionType(ret, [vt] * nargs), name)
 
 
-def _half_lanes(builder, v, n: int, odd: int):
-    mask = ir.Constant(_vec(I32, n // 2), [2 * i + odd for i in range(n // 2)])
-    return builder.shuffle_vector(v, ir.Constant(v.type, ir.Undefined), mask)
+def _lanes(builder, v, idx):
+    """The lanes `idx` of vector v, as a new vector."""
+    return builder.shuffle_vector(v, v, ir.Constant(_vec(I32, len(idx)), list(idx)))
 
 
 def _maddubs(builder, u8, s8):
     """<32 x u8> . <32 x s8> -> <16 x i16> pair sums, saturated (the form `pmaddubsw` matches)."""
     wide = _vec(I32, 16)
-    even = builder.mul(builder.zext(_half_lanes(builder, u8, 32, 0), wide),
-                       builder.sext(_half_lanes(builder, s8, 32, 0), wide))
-    odd = builder.mul(builder.zext(_half_lanes(builder, u8, 32, 1), wide),
-                      builder.sext(_half_lanes(builder, s8, 32, 1), wide))
+    even = builder.mul(builder.zext(_lanes(builder, u8, range(0, 32, 2)), wide),
+                       builder.sext(_lanes(builder, s8, range(0, 32, 2)), wide))
+    odd = builder.mul(builder.zext(_lanes(builder, u8, range(1, 32, 2)), wide),
+                      builder.sext(_lanes(builder, s8, range(1, 32, 2)), wide))
     s = builder.add(even, odd)
     s = builder.call(_vector_fn(builder.module, "llvm.smax", wide, 2), [s, ir.Constant(wide, [-32768] * 16)])
     s = builder.call(_vector_fn(builder.module, "llvm.smin", wide, 2), [s, ir.Constant(wide, [32767] * 16)])
     return builder.trunc(s, _vec(I16, 16))
-
-
-def _mul_acc(builder, acc, a16, b16, zero16):
-    """acc (<16 x i32>) + a16 * b16 lane by lane, for a sum that ends in a reduction: LLVM's x86
-    partial-reduction pass turns the widening multiply-adds feeding it into `pmaddwd`. `a16` is
-    xor'ed with a run-time zero so InstCombine cannot fold sext(trunc(clamp)) of `pmaddubsw`."""
-    wide = _vec(I32, 16)
-    a = builder.sext(builder.xor(a16, zero16), wide)
-    return builder.add(acc, builder.mul(a, builder.sext(b16, wide)))
 
 
 class _Args:
@@ -115,10 +98,6 @@ class _Args:
         idx = b.add(offset, ir.Constant(offset.type, extra))
         ptr = b.bitcast(b.gep(arr.data, [idx]), _vec(I8, 32).as_pointer())
         return b.load(ptr, align=1)
-
-
-def _reduce(builder, acc):
-    return builder.call(_vector_fn(builder.module, "llvm.vector.reduce.add", acc.type, 1, True), [acc])
 
 
 def _q4_k_scales_mins(builder, u0, u1, u2):
@@ -190,79 +169,20 @@ def _q6_k_unpack(a: "_Args", w_arg: int, p, sc_arg: int, g):
     return quants, scales, offset
 
 
-_ZERO16 = ir.Constant(_vec(I32, 16), [0] * 16)
 I64 = ir.IntType(64)
 
 
 class _Token:
     """One token's activations: xq[o:o+256] (int8) and xs[gx:gx+16] (int16 sums per 16)."""
 
-    def __init__(self, a: "_Args", x_arg: int, o, xs_arg: int, gx, t: int = 0):
-        self.a, self.x_arg, self.o = a, x_arg, o
+    def __init__(self, a: "_Args", x_arg: int, o, xs_arg: int, gx):
         ptr = _array_ptr(a.context, a.builder, a.sig.args[xs_arg], a.args[xs_arg], gx, _vec(I16, 16))
         self.sums = a.builder.load(ptr, align=2)
-        # a run-time zero of the token's own: the x86 pass that forms pmaddwd needs every
-        # multiply operand used once, and equal scale vectors across a tile's tokens would be
-        # merged into one (knobs < 2**24, so every shift of `zero` is zero too)
-        z = a.builder.lshr(a.zero, ir.Constant(I32, t)) if t else a.zero
-        self.zero16 = _splat(a.builder, z, I16, 16)
-
-    def dot(self, quants, scales, acc):
-        """acc + sum over the 8 runs of scale * (quants . their 32 activations)."""
-        b = self.a.builder
-        for i, (q, sv) in enumerate(zip(quants, scales)):
-            x = self.a.load32(self.x_arg, self.o, 32 * i)
-            acc = _mul_acc(b, acc, _maddubs(b, q, x), b.xor(sv, self.zero16), self.zero16)
-        return acc
-
-    def sums_dot(self, vec16, acc):
-        """acc + vec16 * the activation sums, lane by lane."""
-        b = self.a.builder
-        return _mul_acc(b, acc, self.sums, b.xor(vec16, self.zero16), self.zero16)
-
-
-def _pack(builder, isum, msum):
-    hi = builder.shl(builder.sext(msum, I64), ir.Constant(I64, 32))
-    return builder.or_(hi, builder.zext(isum, I64))
-
-
-@intrinsic
-def q4_k_block_dot(typingctx, w, p, xq, o, xs, gx, knobs):
-    """For the Q4_K block at w[p] and the Q8_K activations xq[o:o+256] (int16 sums per 16 values
-    in xs[gx:gx+16]): (msum << 32) | isum as int64, where isum = sum_j scale_j * dot(4-bit quants
-    of sub-block j, its 32 activations) and msum = sum_j min_j * (sum of its activations). The
-    caller forms d * isum - dmin * msum."""
-    sig = types.int64(w, p, xq, o, xs, gx, knobs)
-
-    def codegen(context, builder, signature, args):
-        a = _Args(context, builder, signature, args)
-        quants, scales, mins = _q4_k_unpack(a, 0, args[1])
-        tok = _Token(a, 2, args[3], 4, args[5])
-        msum = _reduce(builder, tok.sums_dot(mins, _ZERO16))
-        return _pack(builder, _reduce(builder, tok.dot(quants, scales, _ZERO16)), msum)
-
-    return sig, codegen
-
-
-@intrinsic
-def q6_k_block_dot(typingctx, w, p, xq, o, sc, g, xs, gx, knobs):
-    """sum_v sc[g + v // 16] * (q6_v - 32) * xq[o + v] over the 256 values of the Q6_K block at
-    w[p], as int32. `sc` holds the block's int8 scales, `xs[gx:gx+16]` the int16 sums of xq per
-    16 values (the -32 offset is taken through them)."""
-    sig = types.int32(w, p, xq, o, sc, g, xs, gx, knobs)
-
-    def codegen(context, builder, signature, args):
-        a = _Args(context, builder, signature, args)
-        quants, scales, offset = _q6_k_unpack(a, 0, args[1], 4, args[5])
-        tok = _Token(a, 2, args[3], 6, args[7])
-        return _reduce(builder, tok.dot(quants, scales, tok.sums_dot(offset, _ZERO16)))
-
-    return sig, codegen
+        self.zero16 = _splat(a.builder, a.zero, I16, 16)  # see the module docstring
 
 
 # Several tokens per weight block (prefill of short suffixes): the block is unpacked once and
-# each token costs only its loads and multiply-adds. Token t's activations start at
-# o + t * stride in xq and gx + t * sstride in xs; results go to res.
+# each token costs only its loads and multiply-adds.
 TILE = 4
 
 
@@ -274,43 +194,6 @@ def _store(context, builder, aty, aval, index: int, value):
     builder.store(value, _array_ptr(context, builder, aty, aval, ir.Constant(I64, index), value.type))
 
 
-@intrinsic
-def q4_k_block_dot_tile(typingctx, w, p, xq, o, stride, xs, gx, sstride, res, knobs):
-    """`q4_k_block_dot` for TILE tokens: res[t] = the packed int64 of token t."""
-    sig = types.void(w, p, xq, o, stride, xs, gx, sstride, res, knobs)
-
-    def codegen(context, builder, signature, args):
-        a = _Args(context, builder, signature, args)
-        quants, scales, mins = _q4_k_unpack(a, 0, args[1])
-        for t in range(TILE):
-            tok = _Token(a, 2, _token_offset(builder, args[3], args[4], t), 5,
-                         _token_offset(builder, args[6], args[7], t), t)
-            msum = _reduce(builder, tok.sums_dot(mins, _ZERO16))
-            isum = _reduce(builder, tok.dot(quants, scales, _ZERO16))
-            _store(context, builder, signature.args[8], args[8], t, _pack(builder, isum, msum))
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
-@intrinsic
-def q6_k_block_dot_tile(typingctx, w, p, xq, o, stride, sc, g, xs, gx, sstride, res, knobs):
-    """`q6_k_block_dot` for TILE tokens: res[t] = the int32 sum of token t."""
-    sig = types.void(w, p, xq, o, stride, sc, g, xs, gx, sstride, res, knobs)
-
-    def codegen(context, builder, signature, args):
-        a = _Args(context, builder, signature, args)
-        quants, scales, offset = _q6_k_unpack(a, 0, args[1], 5, args[6])
-        for t in range(TILE):
-            tok = _Token(a, 2, _token_offset(builder, args[3], args[4], t), 7,
-                         _token_offset(builder, args[8], args[9], t), t)
-            acc = tok.dot(quants, scales, tok.sums_dot(offset, _ZERO16))
-            _store(context, builder, signature.args[10], args[10], t, _reduce(builder, acc))
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
 F32 = ir.FloatType()
 
 
@@ -318,10 +201,6 @@ def _fma(builder, a, b, c):
     fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(a.type, [a.type] * 3),
                                         f"llvm.fma.v{a.type.count}f32")
     return builder.call(fn, [a, b, c])
-
-
-def _lanes(builder, v, idx):
-    return builder.shuffle_vector(v, v, ir.Constant(_vec(I32, len(idx)), list(idx)))
 
 
 def _sum_lanes_f32(builder, v):
@@ -363,3 +242,113 @@ def q8_0_row_dot(typingctx, row, xq16, xd, nb):
         return _sum_lanes_f32(b, b.load(acc_ptr))
 
     return sig, codegen
+
+
+# ----------------------------------------------------------------------------- whole rows
+# The K formats with llama.cpp's accumulator layout: per token an <8 x i32> of pair sums per
+# block (even + odd lanes of the i32 products: x86 `pmaddwd`), converted and multiplied by the
+# block's scales into an <8 x float> carried across the row's blocks, one reduction per row.
+
+def _pair_sums(builder, a16, b16):
+    """<16 x i16> . <16 x i16> -> <8 x i32> sums of adjacent products."""
+    wide = _vec(I32, 16)
+    products = builder.mul(builder.sext(a16, wide), builder.sext(b16, wide))
+    return builder.add(_lanes(builder, products, range(0, 16, 2)), _lanes(builder, products, range(1, 16, 2)))
+
+
+def _splat_f32(builder, value, n: int = 8):
+    one = builder.insert_element(ir.Constant(_vec(F32, n), ir.Undefined), value, ir.Constant(I32, 0))
+    return _lanes(builder, one, [0] * n)
+
+
+def _half_at(context, builder, aty, aval, index):
+    ptr = _array_ptr(context, builder, aty, aval, index, I16)
+    return builder.fpext(builder.bitcast(builder.load(ptr, align=1), ir.HalfType()), F32)
+
+
+_ROW_ARGS = ("row", "nb", "xq", "xd", "xs", "knobs")
+_TILE_ARGS = ("row", "nb", "xq", "xo", "xstride", "xd", "do", "dstride", "xs", "so", "sstride", "res", "knobs")
+
+
+def _k_row_codegen(kind: str, ntok: int):
+    """Codegen of the row intrinsics below; `ntok` tokens share each unpacked weight block."""
+    names = _ROW_ARGS if ntok == 1 else _TILE_ARGS
+
+    def codegen(context, builder, signature, args):
+        b = builder
+        a = _Args(context, b, signature, args)
+        arg = dict(zip(names, args))
+        aty = dict(zip(names, signature.args))
+        i64 = lambda v: ir.Constant(I64, v)  # noqa: E731
+        off = lambda base, stride, t: (i64(0) if ntok == 1 else  # noqa: E731
+                                       _token_offset(b, arg[base], arg[stride], t))
+        ix = {n: names.index(n) for n in ("row", "xq", "xs")}
+        v8f = _vec(F32, 8)
+        accs = [cgutils.alloca_once_value(b, ir.Constant(v8f, [0.0] * 8)) for _ in range(ntok)]
+        zero8 = ir.Constant(_vec(I32, 8), [0] * 8)
+        with cgutils.for_range(b, arg["nb"]) as loop:
+            i = b.sext(loop.index, I64) if loop.index.type.width < 64 else loop.index
+            if kind == "q4_k":
+                p = b.mul(i, i64(144))
+                quants, scales, mins = _q4_k_unpack(a, ix["row"], p)
+                d = _half_at(context, b, aty["row"], arg["row"], p)
+                dmin = _half_at(context, b, aty["row"], arg["row"], b.add(p, i64(2)))
+            else:
+                p = b.mul(i, i64(210))
+                quants, scales, offset = _q6_k_unpack(a, ix["row"], p, ix["row"], b.add(p, i64(192)))
+                d = _half_at(context, b, aty["row"], arg["row"], b.add(p, i64(208)))
+            for t in range(ntok):
+                o = b.add(off("xo", "xstride", t), b.mul(i, i64(256)))
+                tok = _Token(a, ix["xq"], o, ix["xs"], b.add(off("so", "sstride", t), b.mul(i, i64(16))))
+                isum = zero8
+                for j, (q, sv) in enumerate(zip(quants, scales)):
+                    p16 = b.xor(_maddubs(b, q, a.load32(ix["xq"], o, 32 * j)), tok.zero16)
+                    isum = b.add(isum, _pair_sums(b, p16, sv))
+                xd_index = b.add(off("do", "dstride", t), i)
+                xd = b.load(_array_ptr(context, b, aty["xd"], arg["xd"], xd_index, F32))
+                sums = b.xor(tok.sums, tok.zero16)
+                acc = b.load(accs[t])
+                if kind == "q4_k":
+                    acc = _fma(b, b.sitofp(isum, v8f), _splat_f32(b, b.fmul(d, xd)), acc)
+                    msum = _pair_sums(b, sums, mins)
+                    acc = _fma(b, b.sitofp(msum, v8f), _splat_f32(b, b.fsub(ir.Constant(F32, 0.0), b.fmul(dmin, xd))), acc)
+                else:
+                    isum = b.add(isum, _pair_sums(b, sums, offset))
+                    acc = _fma(b, b.sitofp(isum, v8f), _splat_f32(b, b.fmul(d, xd)), acc)
+                b.store(acc, accs[t])
+        totals = [_sum_lanes_f32(b, b.load(acc)) for acc in accs]
+        if ntok == 1:
+            return totals[0]
+        for t, total in enumerate(totals):
+            _store(context, b, aty["res"], arg["res"], t, total)
+        return context.get_dummy_value()
+
+    return codegen
+
+
+@intrinsic
+def q4_k_row_dot(typingctx, row, nb, xq, xd, xs, knobs):
+    """The Q4_K row (nb blocks) times one token's Q8_K activations (xq int8, xd block scales, xs
+    int16 sums per 16 values), as float32."""
+    return types.float32(row, nb, xq, xd, xs, knobs), _k_row_codegen("q4_k", 1)
+
+
+@intrinsic
+def q6_k_row_dot(typingctx, row, nb, xq, xd, xs, knobs):
+    """`q4_k_row_dot` for a Q6_K row."""
+    return types.float32(row, nb, xq, xd, xs, knobs), _k_row_codegen("q6_k", 1)
+
+
+@intrinsic
+def q4_k_row_dot_tile(typingctx, row, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res, knobs):
+    """res[t] = the Q4_K row times token t's activations for t < TILE: token t's values at
+    xq[xo + t*xstride:], block scales at xd[do + t*dstride:], sums at xs[so + t*sstride:]."""
+    sig = types.void(row, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res, knobs)
+    return sig, _k_row_codegen("q4_k", TILE)
+
+
+@intrinsic
+def q6_k_row_dot_tile(typingctx, row, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res, knobs):
+    """`q4_k_row_dot_tile` for a Q6_K row."""
+    sig = types.void(row, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res, knobs)
+    return sig, _k_row_codegen("q6_k", TILE)

@@ -34,8 +34,7 @@ from engine.llvm_ops import bits_to_f32, half_bits_to_f32
 
 from .activations import quantize_q8_0, quantize_q8_k, round_activations
 from .formats import get_format, quantize, row_bytes
-from .int8_dot import (KNOBS, TILE, q4_k_block_dot, q4_k_block_dot_tile, q6_k_block_dot, q6_k_block_dot_tile,
-                       q8_0_row_dot)
+from .int8_dot import KNOBS, TILE, q4_k_row_dot, q4_k_row_dot_tile, q6_k_row_dot, q6_k_row_dot_tile, q8_0_row_dot
 
 _F32 = np.float32
 _DQ = dict(parallel=True, fastmath=False, cache=True)  # exact decode
@@ -563,111 +562,57 @@ def _mv_q6_kp(w, sc, x, out, n):
 
 
 # ----------------------------------------------------------------------------- int8 path
-# Q4_K / Q6_K times Q8_K activations in integer arithmetic, as llama.cpp does it (int8_dot.py has
-# the why). Measured with `python -m bench.kernels` (GB/s of weight bytes, 1 thread CPU-s / 2
-# threads wall): Q4_K 2.5 / 4.6 -> 5.5 / 8.6, Q6_K 2.0 / 3.5 -> 5.1 / 9.5 (1024x3584). The f16
-# block scales are decoded in the loop: no prepared arrays, so nothing beside the mmap.
+# K formats times Q8_K activations and Q8_0 times Q8_0 activations in integer arithmetic, as
+# llama.cpp does it (int8_dot.py has the why): each row in LLVM IR with a float accumulator
+# vector carried across its blocks. The f16 block scales are decoded in the loop: nothing
+# prepared beside the mmap. Measured with `python -m bench.kernels` (GB/s of weight bytes, 2
+# threads wall, 1024x3584): Q4_K 4.6 (float kernel) -> 14-15 (one reduction per block) -> 20-23
+# (one per row); Q6_K 3.5 -> 12-16 -> 19-21; Q8_0 8.8 -> 16-19.
 
 @njit(**_MV)
-def _mv_q4_k_q8k(w, xq, xd, xs16, out, knobs):
-    nb = xq.shape[0] // 256
+def _mv_k_q8k(w, xq, xd, xs16, out, knobs, q6):
+    # one kernel for both K formats: the format test is per row, not per block
+    nb = xd.shape[0]
     for r in prange(w.shape[0]):
-        row = w[r]
-        acc = _F32(0.0)
-        for b in range(nb):
-            p = b * 144
-            packed = q4_k_block_dot(row, p, xq, b * 256, xs16, b * 16, knobs)
-            isum = np.int32(packed & 0xFFFFFFFF)
-            msum = packed >> 32
-            acc += xd[b] * (_f16_at(row, p) * _F32(isum) - _f16_at(row, p + 2) * _F32(msum))
-        out[r] = acc
-
-
-@njit(**_MV)
-def _mv_q6_k_q8k(w, xq, xd, xs16, out, knobs):
-    nb = xq.shape[0] // 256
-    for r in prange(w.shape[0]):
-        row = w[r]
-        sc = row.view(np.int8)
-        acc = _F32(0.0)
-        for b in range(nb):
-            p = b * 210
-            isum = q6_k_block_dot(row, p, xq, b * 256, sc, p + 192, xs16, b * 16, knobs)
-            acc += xd[b] * _f16_at(row, p + 208) * _F32(isum)
-        out[r] = acc
+        if q6:
+            out[r] = q6_k_row_dot(w[r], nb, xq, xd, xs16, knobs)
+        else:
+            out[r] = q4_k_row_dot(w[r], nb, xq, xd, xs16, knobs)
 
 
 @njit(**_MV)
 def _mv_q8_0_q8(w, xq16, xd, out):
-    # Q8_0 x Q8_0 activations; 1024x3584, 2 threads: ~19-26 GB/s against ~10-12 for the float
-    # kernel with prepared scales (/tmp sweep, machine shared with a background job)
     nb = xd.shape[0]
     for r in prange(w.shape[0]):
         out[r] = q8_0_row_dot(w[r], xq16, xd, nb)
 
 
 # Several tokens at once (a short prefill such as a chat turn's suffix): each weight block is
-# unpacked once per TILE tokens. xq (Tp*cols) int8, xd (Tp, nb), xs16 (Tp*cols/16) int16 with Tp a
-# multiple of TILE (padding tokens are zeros); out (Tp, rows). Rows go in chunks of ROW_CHUNK so
-# the small result buffer is allocated per chunk, not per row.
+# unpacked once per TILE tokens. xq (Tp*cols) int8, xd (Tp*nb) f32, xs16 (Tp*cols/16) int16 with
+# Tp a multiple of TILE (padding tokens are zeros); out (Tp, rows). Rows go in chunks of
+# ROW_CHUNK: the tile's activations stay in L1 across the chunk's rows, and the small result
+# buffer is allocated per chunk, not per row.
 _ROW_CHUNK = 16
 
 
 @njit(**_MV)
-def _mm_q4_k_q8k(w, xq, xd, xs16, out, knobs):
-    tp, nb = xd.shape
+def _mm_k_q8k(w, xq, xd, xs16, out, knobs, q6):
+    tp = out.shape[0]
+    nb = xd.shape[0] // tp
     cols = nb * 256
     rows = w.shape[0]
     for c in prange((rows + _ROW_CHUNK - 1) // _ROW_CHUNK):
-        res = np.empty(TILE, np.int64)
-        for t0 in range(0, tp, TILE):  # the tile's activations stay in L1 across the chunk's rows
-            for r in range(c * _ROW_CHUNK, min(rows, (c + 1) * _ROW_CHUNK)):
-                row = w[r]
-                a0 = a1 = a2 = a3 = _F32(0.0)  # TILE == 4 accumulators in registers
-                for b in range(nb):
-                    p = b * 144
-                    q4_k_block_dot_tile(row, p, xq, t0 * cols + b * 256, cols,
-                                        xs16, (t0 * cols + b * 256) // 16, cols // 16, res, knobs)
-                    d = _f16_at(row, p)
-                    dmin = _f16_at(row, p + 2)
-                    a0 += xd[t0, b] * (d * _F32(np.int32(res[0] & 0xFFFFFFFF)) - dmin * _F32(res[0] >> 32))
-                    a1 += xd[t0 + 1, b] * (d * _F32(np.int32(res[1] & 0xFFFFFFFF)) - dmin * _F32(res[1] >> 32))
-                    a2 += xd[t0 + 2, b] * (d * _F32(np.int32(res[2] & 0xFFFFFFFF)) - dmin * _F32(res[2] >> 32))
-                    a3 += xd[t0 + 3, b] * (d * _F32(np.int32(res[3] & 0xFFFFFFFF)) - dmin * _F32(res[3] >> 32))
-                out[t0, r] = a0
-                out[t0 + 1, r] = a1
-                out[t0 + 2, r] = a2
-                out[t0 + 3, r] = a3
-
-
-@njit(**_MV)
-def _mm_q6_k_q8k(w, xq, xd, xs16, out, knobs):
-    tp, nb = xd.shape
-    cols = nb * 256
-    rows = w.shape[0]
-    for c in prange((rows + _ROW_CHUNK - 1) // _ROW_CHUNK):
-        res = np.empty(TILE, np.int32)
+        res = np.empty(TILE, np.float32)
         for t0 in range(0, tp, TILE):
             for r in range(c * _ROW_CHUNK, min(rows, (c + 1) * _ROW_CHUNK)):
-                row = w[r]
-                sc = row.view(np.int8)
-                a0 = a1 = a2 = a3 = _F32(0.0)
-                for b in range(nb):
-                    p = b * 210
-                    q6_k_block_dot_tile(row, p, xq, t0 * cols + b * 256, cols, sc, p + 192,
-                                        xs16, (t0 * cols + b * 256) // 16, cols // 16, res, knobs)
-                    d = _f16_at(row, p + 208)
-                    a0 += xd[t0, b] * d * _F32(res[0])
-                    a1 += xd[t0 + 1, b] * d * _F32(res[1])
-                    a2 += xd[t0 + 2, b] * d * _F32(res[2])
-                    a3 += xd[t0 + 3, b] * d * _F32(res[3])
-                out[t0, r] = a0
-                out[t0 + 1, r] = a1
-                out[t0 + 2, r] = a2
-                out[t0 + 3, r] = a3
-
-
-assert TILE == 4, "the multi-token kernels keep four accumulators"
+                if q6:
+                    q6_k_row_dot_tile(w[r], nb, xq, t0 * cols, cols, xd, t0 * nb, nb,
+                                      xs16, t0 * cols // 16, cols // 16, res, knobs)
+                else:
+                    q4_k_row_dot_tile(w[r], nb, xq, t0 * cols, cols, xd, t0 * nb, nb,
+                                      xs16, t0 * cols // 16, cols // 16, res, knobs)
+                for t in range(TILE):
+                    out[t0 + t, r] = res[t]
 
 
 def prepare(qtype, raw: np.ndarray, rows: int, cols: int):
@@ -745,11 +690,11 @@ def dequantize_rows_into(qtype, raw: np.ndarray, out: np.ndarray) -> None:
     _DEQUANT[qt](w, out)
 
 
-# Integer matrix-vector kernels: K formats take Q8_K activations (w, xq, xd, xs16, out, knobs),
-# Q8_0 takes Q8_0 activations (w, xq16, xd, out).
-_MATVEC_INT8 = {T.Q4_K: _mv_q4_k_q8k, T.Q6_K: _mv_q6_k_q8k, T.Q8_0: _mv_q8_0_q8}
+# Integer matrix-vector kernels: K formats take Q8_K activations (w, xq, xd, xs16, out, knobs,
+# q6), Q8_0 takes Q8_0 activations (w, xq16, xd, out).
+_MATVEC_INT8 = {T.Q4_K: _mv_k_q8k, T.Q6_K: _mv_k_q8k, T.Q8_0: _mv_q8_0_q8}
 _MATVEC_INT8_SERIAL = {qt: serial_twin(k) for qt, k in _MATVEC_INT8.items()}
-_MATMAT_Q8K = {T.Q4_K: _mm_q4_k_q8k, T.Q6_K: _mm_q6_k_q8k}
+_MULTI_TOKEN = {T.Q4_K, T.Q6_K}  # formats with a multi-token kernel (_mm_k_q8k)
 # Where the integer kernels run. Their IR is generic, but it has only been compiled, tested and
 # measured on x86_64; arm64 keeps the float kernels until it is checked there (docs/arm64.md).
 INT8_MACHINES = {"x86_64", "AMD64"}
@@ -762,7 +707,7 @@ def has_int8_kernels(qtype) -> bool:
 
 def has_multi_token_kernel(qtype) -> bool:
     """Whether `MatvecPlan.tokens` (several tokens per weight block) runs for `qtype` here."""
-    return get_format(qtype).qtype in _MATMAT_Q8K and has_int8_kernels(qtype)
+    return get_format(qtype).qtype in _MULTI_TOKEN and has_int8_kernels(qtype)
 
 
 class MatvecPlan:
@@ -803,13 +748,12 @@ class MatvecPlan:
         tp = -(-t // TILE) * TILE
         cols, nb = self.cols, self.cols // 256
         xq = np.zeros(tp * cols, np.int8)  # padding tokens stay zero: their results are dropped
-        xd = np.zeros((tp, nb), np.float32)
+        xd = np.zeros(tp * nb, np.float32)
         xs16 = np.zeros(tp * cols // 16, np.int16)
         # blocks never straddle tokens (cols % 256 == 0), so all tokens quantize in one call
-        quantize_q8_k(np.ascontiguousarray(x).reshape(-1), xq[:t * cols], xd.reshape(-1)[:t * nb],
-                      xs16[:t * cols // 16])
+        quantize_q8_k(np.ascontiguousarray(x).reshape(-1), xq[:t * cols], xd[:t * nb], xs16[:t * cols // 16])
         out = np.empty((tp, self.rows), np.float32)
-        _MATMAT_Q8K[self.qtype](self.w, xq, xd, xs16, out, KNOBS)
+        _mm_k_q8k(self.w, xq, xd, xs16, out, KNOBS, self.qtype == T.Q6_K)
         return out[:t]
 
     def __call__(self, x: np.ndarray, out: np.ndarray) -> None:
@@ -819,7 +763,7 @@ class MatvecPlan:
             return
         if self.int8:
             quantize_q8_k(x, self.xq, self.xd, self.xs16)
-            self.kernel(self.w, self.xq, self.xd, self.xs16, out, KNOBS)
+            self.kernel(self.w, self.xq, self.xd, self.xs16, out, KNOBS, self.qtype == T.Q6_K)
             return
         x = round_activations(x, self.qtype)
         if self.prepared is None:
