@@ -4,7 +4,7 @@ decode   ms per decode step (10 steps after an 8-token prompt), then a cProfile 
 prefill  seconds for a 512-token batched prefill, then its cProfile
 extend   ms for an 18-token extend after a 569-token prefix (a chat turn), then its cProfile
 
-numba kernels show up under their Python names (`_mv_q4_k_q8k`, `_dq_q6_k`, ...); BLAS calls made
+numba kernels show up under their Python names (`_mv_k_q8k`, `_dq_q6_k`, ...); BLAS calls made
 with ``@`` are counted in the caller's own time. The figures in the performance notes were
 taken with this (2 threads, 0.8B-shaped Q4_K_M factory model).
 """

@@ -15,23 +15,62 @@ def _inputs(T, H=3, d=16, seed=0):
     return q, k, v, g, b, S0
 
 
-@pytest.mark.parametrize("T", [1, 5, 64, 65, 150])
-def test_chunked_form_equals_the_recurrence(T):
-    q, k, v, g, b, S0 = _inputs(T)
-    o_chunk, S_chunk = deltanet.gated_delta_chunked(q, k, v, g, b, S0.copy())
+def _stepped(q, k, v, g, b, S0):
+    """Token by token: (outputs, the state after every token count 0..T)."""
     S = S0.copy()
-    outs = []
-    for t in range(T):
+    outs, states = [], [S0.copy()]
+    for t in range(q.shape[0]):
         o, S = deltanet.gated_delta_step(q[t:t + 1], k[t:t + 1], v[t:t + 1], g[t:t + 1], b[t:t + 1], S)
         outs.append(o[0])
-    assert np.abs(o_chunk - np.stack(outs)).max() < 1e-4
-    assert np.abs(S_chunk - S).max() < 1e-4
+        states.append(S.copy())
+    return np.stack(outs), states
 
 
-def test_chunked_form_does_not_modify_the_input_state():
+FORMS = {"chunked": deltanet.gated_delta_chunked, "recurrent": deltanet.gated_delta_recurrent,
+         "prefill": deltanet.gated_delta_prefill}
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("T", [1, 5, 64, 65, 150])
+def test_multi_token_forms_equal_the_step_by_step_recurrence(T, form):
+    q, k, v, g, b, S0 = _inputs(T)
+    o_all, S_all, _ = FORMS[form](q, k, v, g, b, S0.copy())
+    outs, states = _stepped(q, k, v, g, b, S0)
+    assert np.abs(o_all - outs).max() < 1e-4
+    assert np.abs(S_all - states[-1]).max() < 1e-4
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_states_captured_inside_one_pass_equal_the_stepped_states(form):
+    # chunk boundaries (64, 128), inside chunks (1, 37, 100), the end (150), out of order
+    T = 150
+    q, k, v, g, b, S0 = _inputs(T, seed=3)
+    capture = [100, 1, 64, 150, 37, 128]
+    _, S_all, caps = FORMS[form](q, k, v, g, b, S0.copy(), capture=capture)
+    _, states = _stepped(q, k, v, g, b, S0)
+    assert len(caps) == len(capture)
+    for r, S_r in zip(capture, caps):
+        assert np.abs(S_r - states[r]).max() < 1e-4, r
+        assert np.abs(S_r - states[r - 1]).max() > 1e-3, r  # one token off would be caught
+    caps[-1][:] = 0  # independent copies: the returned state is untouched
+    assert np.abs(S_all - states[-1]).max() < 1e-4
+
+
+def test_prefill_picks_the_recurrence_for_short_inputs_and_chunks_for_long(monkeypatch):
+    calls = []
+    for name in ("gated_delta_recurrent", "gated_delta_chunked"):
+        real = getattr(deltanet, name)
+        monkeypatch.setattr(deltanet, name, lambda *a, _r=real, _n=name, **k: calls.append(_n) or _r(*a, **k))
+    for T in (2, deltanet.RECURRENT_MAX, deltanet.RECURRENT_MAX + 1):
+        deltanet.gated_delta_prefill(*_inputs(T))
+    assert calls == ["gated_delta_recurrent", "gated_delta_recurrent", "gated_delta_chunked"]
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_multi_token_forms_do_not_modify_the_input_state(form):
     q, k, v, g, b, S0 = _inputs(10)
     before = S0.copy()
-    deltanet.gated_delta_chunked(q, k, v, g, b, S0)
+    FORMS[form](q, k, v, g, b, S0)
     assert np.array_equal(S0, before)
 
 
@@ -40,11 +79,12 @@ def test_causal_conv_carries_the_tail_across_calls():
     x = rng.standard_normal((9, 5)).astype(np.float32)
     w = rng.standard_normal((5, 4)).astype(np.float32)
     tail0 = np.zeros((3, 5), dtype=np.float32)
-    y_all, tail_all = deltanet.causal_conv1d(x, tail0, w)
-    y1, t1 = deltanet.causal_conv1d(x[:4], tail0, w)
-    y2, t2 = deltanet.causal_conv1d(x[4:], t1, w)
+    y_all, tail_all, (t4, t9) = deltanet.causal_conv1d(x, tail0, w, capture=[4, 9])
+    y1, t1, _ = deltanet.causal_conv1d(x[:4], tail0, w)
+    y2, t2, _ = deltanet.causal_conv1d(x[4:], t1, w)
     assert np.allclose(np.concatenate([y1, y2]), y_all, atol=1e-6)
     assert np.array_equal(t2, tail_all)
+    assert np.array_equal(t4, t1) and np.array_equal(t9, tail_all)  # tails captured in one call
     # position 0 sees only itself (zero history) times the last kernel tap
     assert np.allclose(y_all[0], x[0] * w[:, 3], atol=1e-6)
 
@@ -53,5 +93,6 @@ def test_causal_conv_tail_does_not_keep_the_input_alive():
     # the tail is what the state carries between calls: it must own its (K-1, C) bytes, not be
     # a view into the (T + K - 1, C) padded input (measured: 217 MB held by a 0.8B model's state)
     x = np.ones((512, 64), np.float32)
-    _, tail = deltanet.causal_conv1d(x, np.zeros((3, 64), np.float32), np.ones((64, 4), np.float32))
+    _, tail, (at_9,) = deltanet.causal_conv1d(x, np.zeros((3, 64), np.float32), np.ones((64, 4), np.float32), [9])
     assert tail.base is None and tail.nbytes == 3 * 64 * 4
+    assert at_9.base is None and at_9.nbytes == 3 * 64 * 4

@@ -318,14 +318,14 @@ def test_planted_delay_moves_only_its_stage(rt, capsys, monkeypatch, stage):
     elif stage == "prefill_ms":
         # one delay in the model's forward over a batch of prompt tokens (not a 1-token decode step)
         fired = []
-        real_forward = eng.model.forward
+        real_forward = eng.model.forward_capturing  # what the session's prefill runs
 
         def forward(tokens, *a, **k):
             if len(tokens) > 1 and not fired:
                 fired.append(1)
                 time.sleep(DELAY_S)
             return real_forward(tokens, *a, **k)
-        monkeypatch.setattr(eng.model, "forward", forward)
+        monkeypatch.setattr(eng.model, "forward_capturing", forward)
     elif stage == "decode_ms":
         fired = []
         real_step = eng.session.step

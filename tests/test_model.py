@@ -154,3 +154,31 @@ def test_short_prefill_runs_the_int8_kernels(model_factory, monkeypatch):
         assert cosine(via_int8[t], model.forward(ids[t:t + 1], state, logits="last")) >= 0.999, t
     with pytest.raises(AssertionError, match="dequantized"):  # longer prompts take the BLAS path
         model.forward(_ids(weights.SHORT_PREFILL + 1, seed=4), model.new_state(), logits="last")
+
+
+@pytest.mark.parametrize("n_tokens", [40, 200])  # the recurrence and the chunked DeltaNet
+def test_forward_capturing_returns_the_prefix_states_of_one_pass(model_factory, n_tokens):
+    model = Qwen35(GGUFFile(model_factory("tiny", "F32")))
+    ids = _ids(n_tokens, seed=11)
+    head = 7
+    state = model.new_state()
+    model.forward(ids[:head], state, logits="none")  # positions are absolute: after a held prefix
+    capture = [head + 1, 30, n_tokens]
+    whole = model.new_state()
+    model.forward(ids[:head], whole, logits="none")
+    plain = model.forward(ids[head:], whole)
+    logits, states = model.forward_capturing(ids[head:], state, capture)
+    assert np.array_equal(logits, plain) and state.max_abs_diff(whole) == 0  # capturing changes nothing
+    for p in capture:
+        ref = model.new_state()
+        model.forward(ids[:p], ref, logits="none")
+        assert states[p].n_tokens == p and states[p].max_abs_diff(ref) < 1e-4, p
+        # continuing from the captured state gives what continuing the fresh prefix gives
+        nxt = ids[p:p + 3] if p < n_tokens else _ids(3, seed=12)
+        a = model.forward(nxt, states[p])
+        b = model.forward(nxt, ref)
+        assert cosine(a, b) > 0.99999, p
+    states[30].layers[0].S[:] = 0  # independent copies
+    assert state.max_abs_diff(whole) == 0
+    with pytest.raises(ValueError, match="capture positions"):
+        model.forward_capturing(ids[:3], model.new_state(), [4])

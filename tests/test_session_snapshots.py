@@ -1,4 +1,4 @@
-"""Sessions on the real forward: checkpoints split the batched prefill only where they must,
+"""Sessions on the real forward: checkpoints are captured inside the batched prefill (no split),
 restored state (memory, directory, S3) gives the logits and greedy continuation of a fresh
 full prefill, chat turn 2 extends turn 1 (chat_prompt and through the handler), and a cold
 second process restores a prefix from S3 written by the first."""
@@ -61,26 +61,27 @@ def test_checkpoint_positions_rule():
     assert checkpoint_positions(40, 0, [3, 10, 12], 0) == [10, 40]  # 12 is < 8 after 10
 
 
-def test_prefill_splits_only_at_checkpoints_and_chunks(model_factory):
+def test_prefill_splits_only_at_chunks_and_captures_checkpoints_inside(model_factory):
     m, _, _ = load(model_factory)
     st = new_store(model_factory)
     s = Session(m, prefill_chunk=128, store=st)
-    sizes = []
-    real = m.forward
+    calls = []
+    real = m.forward_capturing
 
-    def spy(tokens, state, **kw):
-        sizes.append(len(tokens))
-        return real(tokens, state, **kw)
+    def spy(tokens, state, capture, **kw):
+        calls.append((len(tokens), list(capture)))
+        return real(tokens, state, capture, **kw)
 
-    m.forward = spy
+    m.forward_capturing = spy
     try:
         r = s.prefill(PROMPT, boundaries=[100])
     finally:
-        del m.forward
+        del m.forward_capturing
     assert r.mode == "batched" and r.checkpoints == [64, 100, 128, 192, 256, 300]
-    assert sizes == [64, 36, 28, 64, 64, 44]  # never token by token, never more than the chunk
+    # one forward per prefill chunk, never token by token; each captures the checkpoints inside it
+    assert calls == [(128, [64, 100, 128]), (128, [192, 256]), (44, [300])]
     assert r.checkpoint_bytes > 0 and len(st.memory) == 6
-    # each checkpoint equals a fresh prefill of its prefix (KV sliced, conv and S copied)
+    # each checkpoint equals a fresh prefill of its prefix (KV sliced, conv and S at the position)
     for n in (64, 100, 256):
         snap = st.memory.get((n, S.prefix_hashes(PROMPT, [n])[n]))
         ref = m.new_state()
@@ -362,17 +363,18 @@ def test_agent_prefix_bench_shape(tiny_model_path):
 @pytest.mark.parametrize("weights", ["F32", "Q8_0", "Q4_K_M"])
 def test_restored_state_equals_the_state_it_saved(model_factory, weights):
     """Restoring is exact: a session resumed from the 192-token checkpoint gives bit-identical
-    logits and the same greedy continuation as one that prefilled the same prefix with the same
-    batch split and kept going — on every weight format."""
+    logits and the same greedy continuation as the model continuing from the state the prefill
+    captured at 192 (the same pass: PROMPT in one batch) — on every weight format."""
     m, _, _ = load(model_factory, weights)
     st = new_store(model_factory, weights)
     Session(m, store=st).prefill(PROMPT, boundaries=[100])  # checkpoints 64, 100, 128, 192, …
     restored = Session(m, store=st)
     r = restored.prefill(OTHER)
     assert r.mode == "snapshot_memory" and r.reused_tokens == 192
-    same_split = Session(m, store=new_store(model_factory, weights))
-    same_split.prefill(OTHER[:192], boundaries=[100])
-    s = same_split.prefill(OTHER)
-    assert s.mode == "extend" and s.reused_tokens == 192
-    assert np.array_equal(r.logits, s.logits)
-    assert greedy(restored, r.logits) == greedy(same_split, s.logits)
+    _, states = m.forward_capturing(np.array(PROMPT), m.new_state(), [192], logits="none")
+    same = Session(m)
+    same.state, same.tokens = states[192], list(OTHER[:192])
+    logits = m.forward(np.array(OTHER[192:]), same.state)
+    same.tokens += OTHER[192:]
+    assert np.array_equal(r.logits, logits)
+    assert greedy(restored, r.logits) == greedy(same, logits)

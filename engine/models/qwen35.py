@@ -9,6 +9,7 @@ same functions. Every intermediate has a name; pass `hook(name, layer, array)` t
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Callable
 
@@ -222,23 +223,36 @@ class Qwen35:
 
         logits: "last" → (n_vocab,) for the last position; "all" → (T, n_vocab); "none" → None.
         """
+        return self.forward_capturing(tokens, state, (), logits=logits, hook=hook)[0]
+
+    def forward_capturing(self, tokens: np.ndarray, state: State, capture: Sequence[int], *,
+                          logits: str = "last", hook: Hook | None = None
+                          ) -> tuple[np.ndarray | None, dict[int, State]]:
+        """`forward`, also returning independent copies of the state as it was after each
+        position in `capture` (absolute token counts in (state.n_tokens, state.n_tokens + T]):
+        prefix checkpoints from one batched pass, without splitting it."""
         tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
         cfg = self.config
         if tokens.size == 0:
             raise ValueError("forward needs at least one token")
+        start = state.n_tokens
+        capture = sorted(set(int(p) for p in capture))
+        if capture and not (start < capture[0] and capture[-1] <= start + tokens.size):
+            raise ValueError(f"capture positions {capture} must lie in ({start}, {start + tokens.size}]")
+        rel = [p - start for p in capture]
+        captured: dict[int, list[DeltaNetState]] = {}
         if tokens.min() < 0 or tokens.max() >= cfg.n_vocab:
             bad = int(tokens[(tokens < 0) | (tokens >= cfg.n_vocab)][0])
             raise ValueError(f"token id {bad} is outside the vocabulary (0..{cfg.n_vocab - 1})")
         x = self.token_embd.rows(tokens)
         if hook:
             hook("model.input_embed", -1, x)
-        start = state.n_tokens
         for il, lw in enumerate(self.layers):
             h = rms_norm(x, lw.attn_norm, cfg.rms_eps)
             if hook:
                 hook("attn_norm", il, h)
             if isinstance(lw.mixer, DeltaNetWeights):
-                h = self._deltanet(lw.mixer, h, state.layers[il], il, hook)
+                h, captured[il] = self._deltanet(lw.mixer, h, state.layers[il], il, hook, rel)
             else:
                 h = self._attention(lw.mixer, h, state.layers[il], start, il, hook)
             x = x + h
@@ -252,15 +266,18 @@ class Qwen35:
             if hook:
                 hook("l_out", il, x)
         state.n_tokens = start + tokens.size
+        states = {p: State(p, [captured[il][c] if il in captured else layer.copy(p)
+                               for il, layer in enumerate(state.layers)])
+                  for c, p in enumerate(capture)}
         if logits == "none":
-            return None
+            return None, states
         if logits == "last":
             x = x[-1:]
         h = rms_norm(x, self.output_norm, cfg.rms_eps)
         if hook:
             hook("result_norm", -1, h)
         out = self._lm_head(h)
-        return out[0] if logits == "last" else out
+        return (out[0] if logits == "last" else out), states
 
     def _lm_head(self, h: np.ndarray) -> np.ndarray:
         # Row blocks keep the dequantized head bounded when all positions are asked for.
@@ -269,14 +286,14 @@ class Qwen35:
         return np.concatenate([self.output(h[i:i + 1]) for i in range(h.shape[0])], axis=0)
 
     def _deltanet(self, w: DeltaNetWeights, x: np.ndarray, st: DeltaNetState, il: int,
-                  hook: Hook | None) -> np.ndarray:
+                  hook: Hook | None, capture: Sequence[int] = ()) -> tuple[np.ndarray, list[DeltaNetState]]:
         cfg = self.config
         T = x.shape[0]
         qkv = w.qkv(x)
         z = w.gate(x)
         beta = sigmoid(w.beta(x))
         g = softplus(w.alpha(x) + w.dt_bias) * w.a  # log-decay per value head, ≤ 0
-        conv, st.conv = deltanet.causal_conv1d(qkv, st.conv, w.conv)
+        conv, st.conv, conv_at = deltanet.causal_conv1d(qkv, st.conv, w.conv, capture)
         conv = silu(conv)
         if hook:
             hook("conv_output_silu", il, conv)
@@ -292,15 +309,16 @@ class Qwen35:
             k = np.tile(k, (1, reps, 1))
         if T == 1:
             o, st.S = deltanet.gated_delta_step(q, k, v, g, beta, st.S)
+            S_at = [st.S.copy() for _ in capture]
         else:
-            o, st.S = deltanet.gated_delta_chunked(q, k, v, g, beta, st.S)
+            o, st.S, S_at = deltanet.gated_delta_prefill(q, k, v, g, beta, st.S, capture)
         if hook:
             hook("delta_out", il, o)
         o = rms_norm(o, w.norm, cfg.rms_eps) * silu(z.reshape(T, cfg.n_v_heads, cfg.d_state))
         out = w.out(o.reshape(T, cfg.value_dim))
         if hook:
             hook("linear_attn_out", il, out)
-        return out
+        return out, [DeltaNetState(c, S) for c, S in zip(conv_at, S_at)]
 
     def _attention(self, w: AttentionWeights, x: np.ndarray, st: AttentionState, start: int, il: int,
                    hook: Hook | None) -> np.ndarray:
