@@ -2,3 +2,40 @@
 
 Importable without AWS. Data flows one way: tokens -> session -> forward -> logits -> sampling.
 """
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+_CACHE_TAG = "engine-"
+
+
+def _version_the_kernel_cache() -> None:
+    """Give each version of the engine's sources its own numba cache subdirectory.
+
+    numba invalidates a cached kernel when the kernel's own source file changes, not when an
+    intrinsic or helper it inlines from another module does (engine/quant/int8_dot.py,
+    engine/llvm_ops.py): a persistent NUMBA_CACHE_DIR (the Makefile's .numba_cache, a mounted
+    directory) would serve stale machine code after such a change. Runs before any engine
+    module defines a cached kernel (numba reads the directory when a kernel is decorated).
+    Costs ~2 ms at import (hashing the package's sources).
+    """
+    base = os.environ.get("NUMBA_CACHE_DIR")
+    if not base:
+        return
+    root = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode())
+        digest.update(path.read_bytes())
+    tag = _CACHE_TAG + digest.hexdigest()[:12]
+    if Path(base).name == tag:  # a child process given the versioned path
+        return
+    from numba.core import config
+
+    # both: numba re-reads NUMBA_* variables when one changes, and child processes inherit it
+    os.environ["NUMBA_CACHE_DIR"] = config.CACHE_DIR = os.path.join(base, tag)
+
+
+_version_the_kernel_cache()

@@ -63,3 +63,36 @@ import json; print(json.dumps({{"compile_ms": e.compile_ms, **info}}))
     assert warm["numba_cache_copied"] and warm["numba_cache_files"] > 0
     assert warm["compile_ms"] < cold["compile_ms"] / 3, (cold, warm)
     print(json.dumps({"cold_compile_ms": cold["compile_ms"], "cached_compile_ms": warm["compile_ms"]}))
+
+
+def test_kernel_cache_is_versioned_by_the_engine_sources(tmp_path):
+    # a kernel inlines intrinsics from other modules (int8_dot.py), which numba's own cache
+    # check does not see: the engine keys the cache directory by a hash of its sources
+    code = ("import os, engine; from numba.core import config; "
+            "print(config.CACHE_DIR); print(os.environ['NUMBA_CACHE_DIR'])")
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         cwd=ROOT, check=True).stdout.split()
+    assert out[0] == out[1] and Path(out[0]).parent == tmp_path and Path(out[0]).name.startswith("engine-")
+    # a child process handed the versioned directory keeps it
+    again = subprocess.run([sys.executable, "-c", code], env={**env, "NUMBA_CACHE_DIR": out[0]},
+                           capture_output=True, text=True, cwd=ROOT, check=True).stdout.split()
+    assert again == out
+
+
+def test_kernel_cache_version_changes_with_an_intrinsic_module(tmp_path):
+    import shutil
+
+    pkg = tmp_path / "pkg"
+    shutil.copytree(ROOT / "engine", pkg / "engine", ignore=shutil.ignore_patterns("__pycache__"))
+    code = "import engine; from numba.core import config; print(config.CACHE_DIR)"
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(pkg)}
+
+    def tag():
+        return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                              cwd=tmp_path, check=True).stdout.strip()
+
+    before = tag()
+    with open(pkg / "engine" / "quant" / "int8_dot.py", "a") as f:
+        f.write("\n# changed\n")
+    assert tag() != before
