@@ -2,7 +2,7 @@
 
 `Linear(x)` with x of shape (T, in): T == 1 runs the quantized matrix-vector kernel (decode
 reads each weight byte once; Q4_K/Q6_K/Q8_0 in int8 arithmetic on x86_64); a short T (a chat turn's
-suffix) of Q4_K/Q6_K runs the multi-token int8 kernel; otherwise the whole matrix is dequantized
+suffix) of Q4_K/Q6_K/Q8_0 runs the multi-token int8 kernel; otherwise the whole matrix is dequantized
 into a reused f32 buffer and BLAS does `X @ W.T` (faster than the int8 kernel from T ~ 32 on).
 F32 weights are used straight from the mmap in both cases. Where the float kernels run (arm64)
 the Q8_0 and Q6_K decode kernels take per-block scales decoded once into f32
@@ -21,7 +21,7 @@ from engine.quant import formats, kernels
 from engine.quant.activations import round_activations
 
 
-# Up to this many tokens, Q4_K/Q6_K products run in the multi-token int8 kernel (each weight
+# Up to this many tokens, Q4_K/Q6_K/Q8_0 products run in the multi-token int8 kernel (each weight
 # block unpacked once per 4 tokens) instead of dequantize + BLAS, whose cost is mostly fixed
 # (the whole matrix decoded to f32). Measured on 1024x3584 / 3584x1024 (/tmp-style sweep, 2
 # threads): T=18 int8 2.3-4.4 ms vs 3.7-10.5 ms; T=64 11-13 ms vs 5.4-12.5 ms.

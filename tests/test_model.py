@@ -126,10 +126,11 @@ def test_tied_and_untied_heads(model_factory):
 
 
 @pytest.mark.skipif(platform.machine() not in kernels.INT8_MACHINES, reason="the int8 kernels run on x86_64")
-def test_short_prefill_runs_the_int8_kernels(model_factory, monkeypatch):
-    # a chat turn's suffix (<= SHORT_PREFILL tokens) of a Q4_K_M model never decodes a whole
-    # matrix to f32, and gives what the dequantize + BLAS path gives
-    model = Qwen35(GGUFFile(model_factory("tiny", "Q4_K_M")))
+@pytest.mark.parametrize("weights_type", ["Q4_K_M", "Q8_0"])
+def test_short_prefill_runs_the_int8_kernels(model_factory, monkeypatch, weights_type):
+    # a chat turn's suffix (<= SHORT_PREFILL tokens) of a Q4_K_M or Q8_0 model never decodes a
+    # whole matrix to f32, and gives what the dequantize + BLAS path gives
+    model = Qwen35(GGUFFile(model_factory("tiny", weights_type)))
     ids = _ids(weights.SHORT_PREFILL, seed=4)
     monkeypatch.setattr(weights, "SHORT_PREFILL", 0)
     via_blas = model.forward(ids, model.new_state(), logits="all")

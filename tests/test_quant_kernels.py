@@ -127,7 +127,7 @@ def test_bench_matvec_reports_positive_rate():
 
 
 @pytest.mark.skipif(platform.machine() not in K.INT8_MACHINES, reason="the int8 kernels run on x86_64")
-@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0], ids=lambda t: t.name)
 @pytest.mark.parametrize("tokens", [2, 5, 8])
 def test_multi_token_int8_kernel(qtype, tokens):
     # several tokens per weight block (TILE = 4, padding when T is not a multiple): each row of
@@ -145,9 +145,9 @@ def test_multi_token_int8_kernel(qtype, tokens):
 
 
 def test_multi_token_kernel_is_refused_where_there_is_none():
-    raw, _ = _matrix(T.Q8_0, 4, 64, 0)
+    raw, _ = _matrix(T.Q5_K, 4, 256, 0)
     with pytest.raises(ValueError, match="no multi-token integer kernel"):
-        K.MatvecPlan(T.Q8_0, raw, 4, 64).tokens(np.zeros((2, 64), np.float32))
+        K.MatvecPlan(T.Q5_K, raw, 4, 256).tokens(np.zeros((2, 256), np.float32))
 
 
 def test_q8_0_integer_activations_are_the_rounded_activations():

@@ -211,39 +211,6 @@ def _sum_lanes_f32(builder, v):
     return builder.extract_element(v, ir.Constant(I32, 0))
 
 
-@intrinsic
-def q8_0_row_dot(typingctx, row, xq16, xd, nb):
-    """sum_b f16(row block b scale) * xd[b] * (the block's 32 int8 quants . xq16[32b:32b+32]) over
-    the nb Q8_0 blocks (34 bytes: f16 scale, 32 int8) of `row` (uint8), as float32. `xq16` holds
-    the activations quantized to Q8_0 (int8 values as int16), `xd` their block scales."""
-    sig = types.float32(row, xq16, xd, nb)
-
-    def codegen(context, builder, signature, args):
-        b = builder
-        w = context.make_array(signature.args[0])(context, b, args[0])
-        xq = context.make_array(signature.args[1])(context, b, args[1])
-        xd = context.make_array(signature.args[2])(context, b, args[2])
-        v8f = _vec(F32, 8)
-        acc_ptr = cgutils.alloca_once_value(b, ir.Constant(v8f, [0.0] * 8))
-        with cgutils.for_range(b, args[3]) as loop:
-            i = loop.index
-            p = b.mul(i, ir.Constant(i.type, 34))
-            w_scale_ptr = b.bitcast(b.gep(w.data, [p]), I16.as_pointer())
-            w_scale = b.fpext(b.bitcast(b.load(w_scale_ptr, align=1), ir.HalfType()), F32)
-            scale = b.fmul(w_scale, b.load(b.gep(xd.data, [i])))
-            quants_ptr = b.bitcast(b.gep(w.data, [b.add(p, ir.Constant(p.type, 2))]), _vec(I8, 32).as_pointer())
-            x_ptr = b.bitcast(b.gep(xq.data, [b.mul(i, ir.Constant(i.type, 32))]), _vec(I16, 32).as_pointer())
-            products = b.mul(b.sext(b.load(quants_ptr, align=1), _vec(I32, 32)),
-                             b.sext(b.load(x_ptr, align=2), _vec(I32, 32)))
-            pairs = b.add(_lanes(b, products, range(0, 32, 2)), _lanes(b, products, range(1, 32, 2)))
-            block_sums = b.add(_lanes(b, pairs, range(8)), _lanes(b, pairs, range(8, 16)))
-            scale8 = _lanes(b, b.insert_element(ir.Constant(v8f, ir.Undefined), scale, ir.Constant(I32, 0)), [0] * 8)
-            b.store(_fma(b, b.sitofp(block_sums, v8f), scale8, b.load(acc_ptr)), acc_ptr)
-        return _sum_lanes_f32(b, b.load(acc_ptr))
-
-    return sig, codegen
-
-
 # ----------------------------------------------------------------------------- whole rows
 # The K formats with llama.cpp's accumulator layout: per token an <8 x i32> of pair sums per
 # block (even + odd lanes of the i32 products: x86 `pmaddwd`), converted and multiplied by the
@@ -266,77 +233,120 @@ def _half_at(context, builder, aty, aval, index):
     return builder.fpext(builder.bitcast(builder.load(ptr, align=1), ir.HalfType()), F32)
 
 
-_ROW_ARGS = ("row", "nb", "xq", "xd", "xs", "knobs")
-_TILE_ARGS = ("row", "nb", "xq", "xo", "xstride", "xd", "do", "dstride", "xs", "so", "sstride", "res", "knobs")
+_K_ROW = ("row", "nb", "xq", "xd", "xs", "knobs")
+_K_TILE = ("row", "nb", "xq", "xo", "xstride", "xd", "do", "dstride", "xs", "so", "sstride", "res", "knobs")
+_Q8_0_ROW = ("row", "nb", "xq", "xd")
+_Q8_0_TILE = ("row", "nb", "xq", "xo", "xstride", "xd", "do", "dstride", "res")
 
 
-def _k_row_codegen(kind: str, ntok: int):
-    """Codegen of the row intrinsics below; `ntok` tokens share each unpacked weight block."""
-    names = _ROW_ARGS if ntok == 1 else _TILE_ARGS
+class _Row:
+    """The arguments of a row intrinsic by name, and token t's offsets into the activations."""
 
+    def __init__(self, context, builder, signature, args, names, ntok: int):
+        self.context, self.b, self.ntok = context, builder, ntok
+        self.arg = dict(zip(names, args))
+        self.aty = dict(zip(names, signature.args))
+        self.ix = {n: k for k, n in enumerate(names)}
+
+    def offset(self, base: str, stride: str, t: int):
+        return ir.Constant(I64, 0) if self.ntok == 1 else _token_offset(self.b, self.arg[base], self.arg[stride], t)
+
+    def load(self, name: str, index, elt, align: int | None = None):
+        """Array `name` at element `index`, read as `elt` (give `align` for vectors: numba
+        arrays guarantee only their element's alignment)."""
+        return self.b.load(_array_ptr(self.context, self.b, self.aty[name], self.arg[name], index, elt), align=align)
+
+    def half(self, index):
+        return _half_at(self.context, self.b, self.aty["row"], self.arg["row"], index)
+
+
+def _row_codegen(names, ntok: int, block):
+    """Codegen of a row intrinsic: `block(row, a, i, accs)` adds block i of the row times each
+    token's activations into the tokens' <8 x float> accumulators (allocas); after the last
+    block, one horizontal sum per token (returned for one token, else stored to `res`)."""
     def codegen(context, builder, signature, args):
         b = builder
-        a = _Args(context, b, signature, args)
-        arg = dict(zip(names, args))
-        aty = dict(zip(names, signature.args))
-        i64 = lambda v: ir.Constant(I64, v)  # noqa: E731
-        off = lambda base, stride, t: (i64(0) if ntok == 1 else  # noqa: E731
-                                       _token_offset(b, arg[base], arg[stride], t))
-        ix = {n: names.index(n) for n in ("row", "xq", "xs")}
+        row = _Row(context, b, signature, args, names, ntok)
+        a = _Args(context, b, signature, args) if "knobs" in names else None
         v8f = _vec(F32, 8)
         accs = [cgutils.alloca_once_value(b, ir.Constant(v8f, [0.0] * 8)) for _ in range(ntok)]
-        zero8 = ir.Constant(_vec(I32, 8), [0] * 8)
-        with cgutils.for_range(b, arg["nb"]) as loop:
+        with cgutils.for_range(b, row.arg["nb"]) as loop:
             i = b.sext(loop.index, I64) if loop.index.type.width < 64 else loop.index
-            if kind == "q4_k":
-                p = b.mul(i, i64(144))
-                quants, scales, mins = _q4_k_unpack(a, ix["row"], p)
-                d = _half_at(context, b, aty["row"], arg["row"], p)
-                dmin = _half_at(context, b, aty["row"], arg["row"], b.add(p, i64(2)))
-            else:
-                p = b.mul(i, i64(210))
-                quants, scales, offset = _q6_k_unpack(a, ix["row"], p, ix["row"], b.add(p, i64(192)))
-                d = _half_at(context, b, aty["row"], arg["row"], b.add(p, i64(208)))
-            for t in range(ntok):
-                o = b.add(off("xo", "xstride", t), b.mul(i, i64(256)))
-                tok = _Token(a, ix["xq"], o, ix["xs"], b.add(off("so", "sstride", t), b.mul(i, i64(16))))
-                isum = zero8
-                for j, (q, sv) in enumerate(zip(quants, scales)):
-                    p16 = b.xor(_maddubs(b, q, a.load32(ix["xq"], o, 32 * j)), tok.zero16)
-                    isum = b.add(isum, _pair_sums(b, p16, sv))
-                xd_index = b.add(off("do", "dstride", t), i)
-                xd = b.load(_array_ptr(context, b, aty["xd"], arg["xd"], xd_index, F32))
-                sums = b.xor(tok.sums, tok.zero16)
-                acc = b.load(accs[t])
-                if kind == "q4_k":
-                    acc = _fma(b, b.sitofp(isum, v8f), _splat_f32(b, b.fmul(d, xd)), acc)
-                    msum = _pair_sums(b, sums, mins)
-                    acc = _fma(b, b.sitofp(msum, v8f), _splat_f32(b, b.fsub(ir.Constant(F32, 0.0), b.fmul(dmin, xd))), acc)
-                else:
-                    isum = b.add(isum, _pair_sums(b, sums, offset))
-                    acc = _fma(b, b.sitofp(isum, v8f), _splat_f32(b, b.fmul(d, xd)), acc)
-                b.store(acc, accs[t])
+            block(row, a, i, accs)
         totals = [_sum_lanes_f32(b, b.load(acc)) for acc in accs]
         if ntok == 1:
             return totals[0]
         for t, total in enumerate(totals):
-            _store(context, b, aty["res"], arg["res"], t, total)
+            _store(context, b, row.aty["res"], row.arg["res"], t, total)
         return context.get_dummy_value()
 
     return codegen
+
+
+def _accumulate(b, acc_ptr, isum, scale):
+    """acc += float(isum) * splat(scale), for an <8 x i32> isum."""
+    v8f = _vec(F32, 8)
+    b.store(_fma(b, b.sitofp(isum, v8f), _splat_f32(b, scale), b.load(acc_ptr)), acc_ptr)
+
+
+def _k_block(kind: str):
+    """Block body of the Q4_K / Q6_K rows (Q8_K activations: 256 int8, f32 scale, int16 sums)."""
+    def block(row, a, i, accs):
+        b = row.b
+        i64 = lambda v: ir.Constant(I64, v)  # noqa: E731
+        if kind == "q4_k":
+            p = b.mul(i, i64(144))
+            quants, scales, mins = _q4_k_unpack(a, row.ix["row"], p)
+            d, dmin = row.half(p), row.half(b.add(p, i64(2)))
+        else:
+            p = b.mul(i, i64(210))
+            quants, scales, offset = _q6_k_unpack(a, row.ix["row"], p, row.ix["row"], b.add(p, i64(192)))
+            d = row.half(b.add(p, i64(208)))
+        for t in range(row.ntok):
+            o = b.add(row.offset("xo", "xstride", t), b.mul(i, i64(256)))
+            tok = _Token(a, row.ix["xq"], o, row.ix["xs"], b.add(row.offset("so", "sstride", t), b.mul(i, i64(16))))
+            isum = ir.Constant(_vec(I32, 8), [0] * 8)
+            for j, (q, sv) in enumerate(zip(quants, scales)):
+                p16 = b.xor(_maddubs(b, q, a.load32(row.ix["xq"], o, 32 * j)), tok.zero16)
+                isum = b.add(isum, _pair_sums(b, p16, sv))
+            xd = row.load("xd", b.add(row.offset("do", "dstride", t), i), F32)
+            sums = b.xor(tok.sums, tok.zero16)
+            if kind == "q4_k":
+                _accumulate(b, accs[t], isum, b.fmul(d, xd))
+                _accumulate(b, accs[t], _pair_sums(b, sums, mins), b.fsub(ir.Constant(F32, 0.0), b.fmul(dmin, xd)))
+            else:
+                _accumulate(b, accs[t], b.add(isum, _pair_sums(b, sums, offset)), b.fmul(d, xd))
+    return block
+
+
+def _q8_0_block(row, a, i, accs):
+    """Block body of the Q8_0 rows (34 bytes: f16 scale, 32 int8) times Q8_0 activations (int8
+    values as int16, f32 block scales): i32 products of sign-extended lanes, even plus odd
+    lanes (x86 `pmaddwd`), the weights widened once for all tokens."""
+    b = row.b
+    p = b.mul(i, ir.Constant(I64, 34))
+    d = row.half(p)
+    weights = b.sext(row.load("row", b.add(p, ir.Constant(I64, 2)), _vec(I8, 32), align=1), _vec(I32, 32))
+    for t in range(row.ntok):
+        o = b.add(row.offset("xo", "xstride", t), b.mul(i, ir.Constant(I64, 32)))
+        products = b.mul(weights, b.sext(row.load("xq", o, _vec(I16, 32), align=2), _vec(I32, 32)))
+        pairs = b.add(_lanes(b, products, range(0, 32, 2)), _lanes(b, products, range(1, 32, 2)))
+        block_sums = b.add(_lanes(b, pairs, range(8)), _lanes(b, pairs, range(8, 16)))
+        xd = row.load("xd", b.add(row.offset("do", "dstride", t), i), F32)
+        _accumulate(b, accs[t], block_sums, b.fmul(d, xd))
 
 
 @intrinsic
 def q4_k_row_dot(typingctx, row, nb, xq, xd, xs, knobs):
     """The Q4_K row (nb blocks) times one token's Q8_K activations (xq int8, xd block scales, xs
     int16 sums per 16 values), as float32."""
-    return types.float32(row, nb, xq, xd, xs, knobs), _k_row_codegen("q4_k", 1)
+    return types.float32(row, nb, xq, xd, xs, knobs), _row_codegen(_K_ROW, 1, _k_block("q4_k"))
 
 
 @intrinsic
 def q6_k_row_dot(typingctx, row, nb, xq, xd, xs, knobs):
     """`q4_k_row_dot` for a Q6_K row."""
-    return types.float32(row, nb, xq, xd, xs, knobs), _k_row_codegen("q6_k", 1)
+    return types.float32(row, nb, xq, xd, xs, knobs), _row_codegen(_K_ROW, 1, _k_block("q6_k"))
 
 
 @intrinsic
@@ -344,11 +354,26 @@ def q4_k_row_dot_tile(typingctx, row, nb, xq, xo, xstride, xd, do, dstride, xs, 
     """res[t] = the Q4_K row times token t's activations for t < TILE: token t's values at
     xq[xo + t*xstride:], block scales at xd[do + t*dstride:], sums at xs[so + t*sstride:]."""
     sig = types.void(row, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res, knobs)
-    return sig, _k_row_codegen("q4_k", TILE)
+    return sig, _row_codegen(_K_TILE, TILE, _k_block("q4_k"))
 
 
 @intrinsic
 def q6_k_row_dot_tile(typingctx, row, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res, knobs):
     """`q4_k_row_dot_tile` for a Q6_K row."""
     sig = types.void(row, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res, knobs)
-    return sig, _k_row_codegen("q6_k", TILE)
+    return sig, _row_codegen(_K_TILE, TILE, _k_block("q6_k"))
+
+
+@intrinsic
+def q8_0_row_dot(typingctx, row, nb, xq, xd):
+    """The Q8_0 row (nb blocks) times one token's Q8_0 activations (xq int8 values as int16, xd
+    block scales), as float32."""
+    return types.float32(row, nb, xq, xd), _row_codegen(_Q8_0_ROW, 1, _q8_0_block)
+
+
+@intrinsic
+def q8_0_row_dot_tile(typingctx, row, nb, xq, xo, xstride, xd, do, dstride, res):
+    """res[t] = the Q8_0 row times token t's activations for t < TILE (token t's values at
+    xq[xo + t*xstride:], block scales at xd[do + t*dstride:])."""
+    sig = types.void(row, nb, xq, xo, xstride, xd, do, dstride, res)
+    return sig, _row_codegen(_Q8_0_TILE, TILE, _q8_0_block)

@@ -34,7 +34,8 @@ from engine.llvm_ops import bits_to_f32, half_bits_to_f32
 
 from .activations import quantize_q8_0, quantize_q8_k, round_activations
 from .formats import get_format, quantize, row_bytes
-from .int8_dot import KNOBS, TILE, q4_k_row_dot, q4_k_row_dot_tile, q6_k_row_dot, q6_k_row_dot_tile, q8_0_row_dot
+from .int8_dot import (KNOBS, TILE, q4_k_row_dot, q4_k_row_dot_tile, q6_k_row_dot, q6_k_row_dot_tile, q8_0_row_dot,
+                       q8_0_row_dot_tile)
 
 _F32 = np.float32
 _DQ = dict(parallel=True, fastmath=False, cache=True)  # exact decode
@@ -584,7 +585,7 @@ def _mv_k_q8k(w, xq, xd, xs16, out, knobs, q6):
 def _mv_q8_0_q8(w, xq16, xd, out):
     nb = xd.shape[0]
     for r in prange(w.shape[0]):
-        out[r] = q8_0_row_dot(w[r], xq16, xd, nb)
+        out[r] = q8_0_row_dot(w[r], nb, xq16, xd)
 
 
 # Several tokens at once (a short prefill such as a chat turn's suffix): each weight block is
@@ -611,6 +612,22 @@ def _mm_k_q8k(w, xq, xd, xs16, out, knobs, q6):
                 else:
                     q4_k_row_dot_tile(w[r], nb, xq, t0 * cols, cols, xd, t0 * nb, nb,
                                       xs16, t0 * cols // 16, cols // 16, res, knobs)
+                for t in range(TILE):
+                    out[t0 + t, r] = res[t]
+
+
+@njit(**_MV)
+def _mm_q8_0_q8(w, xq16, xd, out):
+    # the Q8_0 twin of _mm_k_q8k (Q8_0 activations: int16 values, f32 scale per 32)
+    tp = out.shape[0]
+    nb = xd.shape[0] // tp
+    cols = nb * 32
+    rows = w.shape[0]
+    for c in prange((rows + _ROW_CHUNK - 1) // _ROW_CHUNK):
+        res = np.empty(TILE, np.float32)
+        for t0 in range(0, tp, TILE):
+            for r in range(c * _ROW_CHUNK, min(rows, (c + 1) * _ROW_CHUNK)):
+                q8_0_row_dot_tile(w[r], nb, xq16, t0 * cols, cols, xd, t0 * nb, nb, res)
                 for t in range(TILE):
                     out[t0 + t, r] = res[t]
 
@@ -694,7 +711,7 @@ def dequantize_rows_into(qtype, raw: np.ndarray, out: np.ndarray) -> None:
 # q6), Q8_0 takes Q8_0 activations (w, xq16, xd, out).
 _MATVEC_INT8 = {T.Q4_K: _mv_k_q8k, T.Q6_K: _mv_k_q8k, T.Q8_0: _mv_q8_0_q8}
 _MATVEC_INT8_SERIAL = {qt: serial_twin(k) for qt, k in _MATVEC_INT8.items()}
-_MULTI_TOKEN = {T.Q4_K, T.Q6_K}  # formats with a multi-token kernel (_mm_k_q8k)
+_MULTI_TOKEN = {T.Q4_K, T.Q6_K, T.Q8_0}  # formats with a multi-token kernel (_mm_k_q8k, _mm_q8_0_q8)
 # Where the integer kernels run. Their IR is generic, but it has only been compiled, tested and
 # measured on x86_64; arm64 keeps the float kernels until it is checked there (docs/arm64.md).
 INT8_MACHINES = {"x86_64", "AMD64"}
@@ -746,13 +763,21 @@ class MatvecPlan:
             raise ValueError(f"{self.qtype.name}: no multi-token integer kernel on {platform.machine()}")
         t = x.shape[0]
         tp = -(-t // TILE) * TILE
-        cols, nb = self.cols, self.cols // 256
-        xq = np.zeros(tp * cols, np.int8)  # padding tokens stay zero: their results are dropped
-        xd = np.zeros(tp * nb, np.float32)
-        xs16 = np.zeros(tp * cols // 16, np.int16)
-        # blocks never straddle tokens (cols % 256 == 0), so all tokens quantize in one call
-        quantize_q8_k(np.ascontiguousarray(x).reshape(-1), xq[:t * cols], xd[:t * nb], xs16[:t * cols // 16])
+        cols = self.cols
+        flat = np.ascontiguousarray(x).reshape(-1)
         out = np.empty((tp, self.rows), np.float32)
+        # padding tokens stay zero (their results are dropped); blocks never straddle tokens
+        # (cols is a multiple of the block), so all tokens quantize in one call
+        if self.qtype == T.Q8_0:
+            xq16 = np.zeros(tp * cols, np.int16)
+            xd = np.zeros(tp * cols // 32, np.float32)
+            quantize_q8_0(flat, xq16[:t * cols], xd[:t * cols // 32])
+            _mm_q8_0_q8(self.w, xq16, xd, out)
+            return out[:t]
+        xq = np.zeros(tp * cols, np.int8)
+        xd = np.zeros(tp * cols // 256, np.float32)
+        xs16 = np.zeros(tp * cols // 16, np.int16)
+        quantize_q8_k(flat, xq[:t * cols], xd[:t * cols // 256], xs16[:t * cols // 16])
         _mm_k_q8k(self.w, xq, xd, xs16, out, KNOBS, self.qtype == T.Q6_K)
         return out[:t]
 
