@@ -294,9 +294,11 @@ class MemoryTier:
             return snap
 
     def put(self, key: Key, snap: Snapshot) -> bool:
+        """Hold `snap`, its state frozen: sessions continue from forks of it (State.fork)."""
         size = snap.nbytes
         if size > self.cap_bytes:
             return False
+        snap.state.freeze()
         with self._lock:
             old = self._items.pop(key, None)
             if old is not None:
@@ -683,13 +685,12 @@ class SnapshotStore:
         return None
 
     def _promote(self, hit: Restored, data: bytearray) -> None:
-        """Copy a slow-tier hit into memory and queue it (as the same bytes) for the faster
-        slow tiers. Copies, because the session will advance the restored arrays in place."""
+        """Hold a slow-tier hit in memory and queue it (as the same bytes) for the faster slow
+        tiers. No copy: the memory tier freezes the state and the session forks it."""
         snap = hit.snapshot
         key = (snap.n_tokens, prefix_hashes(snap.tokens, [snap.n_tokens])[snap.n_tokens])
         if self.memory is not None:
-            self.memory.put(key, Snapshot(snap.tokens.copy(), snap.state.copy(),
-                                          None if snap.logits is None else snap.logits.copy()))
+            self.memory.put(key, snap)
         faster = self.slow_tiers[:[t.name for t in self.slow_tiers].index(hit.tier)]
         for tier in faster:
             if (tier.name, key) not in self._written:

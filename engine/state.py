@@ -3,6 +3,11 @@
 DeltaNet layers hold the conv tail (kernel-1 rows of qkv) and the recurrent matrix S per
 value head; attention layers hold K and V for every position so far. Plain data: it can be
 copied, compared, sliced to a prefix (attention only) and serialized.
+
+A state held by the snapshot store is frozen (its arrays read-only) and sessions continue from
+a `fork` that shares them: the forward replaces the DeltaNet arrays and grows K/V into new
+arrays instead of writing into frozen ones (restoring a 504-token prefix of the 0.8B model
+copied 33 MB, ~30 ms, before).
 """
 from __future__ import annotations
 
@@ -18,6 +23,12 @@ class DeltaNetState:
 
     def copy(self) -> "DeltaNetState":
         return DeltaNetState(self.conv.copy(), self.S.copy())
+
+    def fork(self) -> "DeltaNetState":
+        return DeltaNetState(self.conv, self.S)
+
+    def arrays(self) -> list[np.ndarray]:
+        return [self.conv, self.S]
 
     @property
     def nbytes(self) -> int:
@@ -36,7 +47,8 @@ class AttentionState:
         return int(self.k.shape[1])
 
     def reserve(self, n: int, used: int) -> None:
-        if n <= self.capacity:
+        """Room for n positions in writable arrays (frozen ones are never written)."""
+        if n <= self.capacity and self.k.flags.writeable and self.v.flags.writeable:
             return
         cap = max(n, 2 * self.capacity, 64)
         for name in ("k", "v"):
@@ -47,6 +59,12 @@ class AttentionState:
 
     def copy(self, n: int) -> "AttentionState":
         return AttentionState(self.k[:, :n].copy(), self.v[:, :n].copy())
+
+    def fork(self) -> "AttentionState":
+        return AttentionState(self.k, self.v)
+
+    def arrays(self) -> list[np.ndarray]:
+        return [self.k, self.v]
 
     def nbytes_used(self, n: int) -> int:
         return int(2 * self.k.shape[0] * n * self.k.shape[2] * 4)
@@ -66,6 +84,18 @@ class State:
             self.n_tokens,
             [l.copy(self.n_tokens) if isinstance(l, AttentionState) else l.copy() for l in self.layers],
         )
+
+    def freeze(self) -> "State":
+        """Make every array read-only (a state many sessions may continue from); returns self."""
+        for layer in self.layers:
+            for a in layer.arrays():
+                a.flags.writeable = False
+        return self
+
+    def fork(self) -> "State":
+        """A state that continues from this one without changing it: it shares the arrays, and
+        the forward writes into none of them while they are frozen."""
+        return State(self.n_tokens, [layer.fork() for layer in self.layers])
 
     @property
     def nbytes(self) -> int:

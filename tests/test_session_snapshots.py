@@ -59,6 +59,10 @@ def test_checkpoint_positions_rule():
     assert checkpoint_positions(300, 0, [100], 64) == [64, 100, 128, 192, 256, 300]
     assert checkpoint_positions(300, 250, [255, 262], 64) == [262, 300]  # 255 is < 8 after the start
     assert checkpoint_positions(40, 0, [3, 10, 12], 0) == [10, 40]  # 12 is < 8 after 10
+    # a multiple of `every` within every/8 of a boundary, the start or the end is covered by it
+    assert checkpoint_positions(538, 0, [504, 533], 256) == [256, 504, 533, 538]
+    assert checkpoint_positions(530, 500, [], 256) == [530]  # 512: 12 after the start
+    assert checkpoint_positions(520, 0, [], 256) == [256, 520]  # 512: 8 before the end
 
 
 def test_prefill_splits_only_at_chunks_and_captures_checkpoints_inside(model_factory):
@@ -378,3 +382,24 @@ def test_restored_state_equals_the_state_it_saved(model_factory, weights):
     same.tokens += OTHER[192:]
     assert np.array_equal(r.logits, logits)
     assert greedy(restored, r.logits) == greedy(same, logits)
+
+
+def test_sessions_continue_from_a_held_snapshot_without_copying_or_changing_it(model_factory):
+    m, _, _ = load(model_factory)
+    st = new_store(model_factory)
+    Session(m, store=st).prefill(PROMPT, boundaries=[100])
+    key = (192, S.prefix_hashes(PROMPT, [192])[192])
+    held = st.memory.get(key).state
+    before = held.copy()
+    s = Session(m, store=st)
+    r = s.prefill(OTHER)
+    assert r.mode == "snapshot_memory" and r.reused_tokens == 192
+    greedy(s, r.logits, 4)  # decode steps too (the recurrence updates S in place)
+    s2 = Session(m, store=st)
+    r2 = s2.prefill(OTHER[:200])  # a second session from the same snapshot
+    assert r2.mode == "snapshot_memory" and r2.reused_tokens == 192
+    greedy(s2, r2.logits, 2)
+    assert held.max_abs_diff(before) == 0
+    assert not any(a.flags.writeable for layer in held.layers for a in layer.arrays())
+    with pytest.raises(ValueError):  # frozen: an in-place write would fail loudly
+        held.layers[0].S[0, 0, 0] = 1.0

@@ -308,6 +308,8 @@ class Qwen35:
             q = np.tile(q, (1, reps, 1))
             k = np.tile(k, (1, reps, 1))
         if T == 1:
+            if not st.S.flags.writeable:  # shared with a stored snapshot (State.fork)
+                st.S = st.S.copy()
             o, st.S = deltanet.gated_delta_step(q, k, v, g, beta, st.S)
             S_at = [st.S.copy() for _ in capture]
         else:
