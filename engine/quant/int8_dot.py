@@ -90,6 +90,7 @@ class _Args:
         self.shift4 = _splat(b, self.shift4_scalar, I8, 32)
         self.mask2 = _splat(b, b.lshr(knobs, ir.Constant(knobs.type, 16)), I8, 32)
         self.zero = b.trunc(b.lshr(knobs, ir.Constant(knobs.type, 24)), I32)
+        self.zero16 = _splat(b, self.zero, I16, 16)  # xor'ed into pmaddubsw results: see the docstring
 
     def load32(self, which: int, offset, extra: int):
         """<32 x i8> at array argument `which`, element index `offset + extra`."""
@@ -172,13 +173,10 @@ def _q6_k_unpack(a: "_Args", w_arg: int, p, sc_arg: int, g):
 I64 = ir.IntType(64)
 
 
-class _Token:
-    """One token's activations: xq[o:o+256] (int8) and xs[gx:gx+16] (int16 sums per 16)."""
-
-    def __init__(self, a: "_Args", x_arg: int, o, xs_arg: int, gx):
-        ptr = _array_ptr(a.context, a.builder, a.sig.args[xs_arg], a.args[xs_arg], gx, _vec(I16, 16))
-        self.sums = a.builder.load(ptr, align=2)
-        self.zero16 = _splat(a.builder, a.zero, I16, 16)  # see the module docstring
+def _sums16(a: "_Args", xs_arg: int, gx):
+    """A token's int16 sums of its activations per 16 values, xs[gx:gx+16], as <16 x i16>."""
+    ptr = _array_ptr(a.context, a.builder, a.sig.args[xs_arg], a.args[xs_arg], gx, _vec(I16, 16))
+    return a.builder.load(ptr, align=2)
 
 
 # Several tokens per weight block (prefill of short suffixes): the block is unpacked once and
@@ -304,13 +302,12 @@ def _k_block(kind: str):
             d = row.half(b.add(p, i64(208)))
         for t in range(row.ntok):
             o = b.add(row.offset("xo", "xstride", t), b.mul(i, i64(256)))
-            tok = _Token(a, row.ix["xq"], o, row.ix["xs"], b.add(row.offset("so", "sstride", t), b.mul(i, i64(16))))
+            sums = _sums16(a, row.ix["xs"], b.add(row.offset("so", "sstride", t), b.mul(i, i64(16))))
             isum = ir.Constant(_vec(I32, 8), [0] * 8)
             for j, (q, sv) in enumerate(zip(quants, scales)):
-                p16 = b.xor(_maddubs(b, q, a.load32(row.ix["xq"], o, 32 * j)), tok.zero16)
+                p16 = b.xor(_maddubs(b, q, a.load32(row.ix["xq"], o, 32 * j)), a.zero16)
                 isum = b.add(isum, _pair_sums(b, p16, sv))
             xd = row.load("xd", b.add(row.offset("do", "dstride", t), i), F32)
-            sums = b.xor(tok.sums, tok.zero16)
             if kind == "q4_k":
                 _accumulate(b, accs[t], isum, b.fmul(d, xd))
                 _accumulate(b, accs[t], _pair_sums(b, sums, mins), b.fsub(ir.Constant(F32, 0.0), b.fmul(dmin, xd)))
