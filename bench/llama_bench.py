@@ -80,10 +80,11 @@ def main() -> None:
     ap.add_argument("-p", type=int, default=512)
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("--extra-pp", default="")
+    ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     extra = tuple(int(x) for x in a.extra_pp.split(",") if x)
-    print(json.dumps(run(a.model, a.threads, a.p, a.n, extra)))
+    print(json.dumps(run(a.model, a.threads, a.p, a.n, extra, repeat=a.repeat)))
 
 
 if __name__ == "__main__":

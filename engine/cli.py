@@ -106,7 +106,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from engine import bench
 
     extra = tuple(int(x) for x in args.extra_pp.split(",") if x) if args.extra_pp else ()
-    res = bench.run(args.model, p=args.p, n=args.n, threads=args.threads, extra_pp=extra)
+    res = bench.run(args.model, p=args.p, n=args.n, threads=args.threads, extra_pp=extra, repeat=args.repeat)
     if args.json:
         print(json.dumps(res))
     else:
@@ -160,6 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("-p", type=int, default=512, help="prompt tokens for pp")
     b.add_argument("-n", type=int, default=128, help="generated tokens for tg")
     b.add_argument("--extra-pp", default="", help="more prompt lengths, e.g. 2048")
+    b.add_argument("--repeat", type=int, default=2, help="best of this many pp / TTFT / token-by-token runs")
     b.add_argument("--threads", type=int, default=None)
     b.add_argument("--json", action="store_true")
     b.set_defaults(func=cmd_bench)
