@@ -10,8 +10,8 @@ chat-message boundaries it is given, every `every` tokens, and at the end of the
 batched prefill is split at `prefill_chunk` only: the model returns the state at each
 checkpoint from the same pass (`Qwen35.forward_capturing`: DeltaNet S and conv tail at the
 position, KV sliced to it). Splitting there instead cost a full pass over the weights per
-piece: a 538-token agent prompt with checkpoints at 256, 504, 512 and 533 took 9.9 s against
-6.5 s for one batch.
+piece: a 538-token agent prompt with checkpoints at 256, 504, 512 and 533 took 9.9 s split and
+7.8 s in one pass (`python -m bench.agent_prefix`, 0.8B Q4_K_M).
 """
 from __future__ import annotations
 
