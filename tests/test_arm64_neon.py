@@ -39,6 +39,11 @@ KNOWN_SCALAR = {("matvec", "Q8_0"), ("dequantize", "Q8_0"), ("dequantize", "Q6_K
 _VREG = r"(?:v\d+\.(?:4s|2s|2d|8h|4h)|z\d+\.[sdh])"
 _VEC_ACC = re.compile(rf"^\s*(fmla|fadd|faddp|fmls)\s+{_VREG}", re.M)
 _VEC_FLOAT = re.compile(rf"^\s*(fmla|fmul|fadd|fsub|fmls|scvtf|ucvtf|fmad|fnmsub)\s+{_VREG}", re.M)
+# A decode kernel without float arithmetic (F32 is a copy, F16 a conversion, BF16 a shift) is
+# vector code when its data goes through vector registers: 128-bit loads/stores, conversions
+# and widenings on v-registers. A scalarised one moves s/h/w registers only.
+_VEC_DATA = re.compile(rf"^\s*(?:(?:fcvtl2?|shll2?|ushll2?|sshll2?|uxtl2?|sxtl2?)\s+{_VREG}"
+                       r"|(?:ldr|str|ldp|stp|ldur|stur)\s+q\d+|(?:ld1|st1)\s+\{{v)", re.M)
 _INT_MUL = re.compile(r"^\s*(smull2?|umull2?|smlal2?|umlal2?)\s+v\d+\.", re.M)
 _DOT = re.compile(r"^\s*(sdot|udot)\s+(?:v|z)\d+\.", re.M)
 
@@ -63,9 +68,9 @@ def problems(name: str, asms: list[str], reduction: bool) -> list[str]:
     """Why the assembly of a kernel is not a NEON kernel (empty = it is)."""
     out = []
     for asm in asms:
-        vec = _VEC_ACC if reduction else _VEC_FLOAT
-        if not vec.search(asm):
-            kind = "vector accumulation (fmla/fadd .4s)" if reduction else "vector float arithmetic"
+        vector = _VEC_ACC.search(asm) if reduction else (_VEC_FLOAT.search(asm) or _VEC_DATA.search(asm))
+        if not vector:
+            kind = "vector accumulation (fmla/fadd .4s)" if reduction else "vector float arithmetic or data movement"
             out.append(f"{name}: no {kind} in {len(asm.splitlines())} lines of {CPU} assembly")
         if GRAVITON and _INT_MUL.search(asm) and not _DOT.search(asm):
             out.append(f"{name}: integer multiplies ({_INT_MUL.search(asm).group(1)}) without sdot/udot on {CPU}")

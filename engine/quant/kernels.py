@@ -168,8 +168,9 @@ def _dq_q4_0(w, out):
             d = _f16_at(w[r], p)
             for l in range(16):
                 q = w[r, p + 2 + l]
-                out[r, b * 32 + l] = d * _F32(np.int64(q & 15) - 8)
-                out[r, b * 32 + 16 + l] = d * _F32(np.int64(q >> 4) - 8)
+                # through int32 (_qf): an int64 -> float conversion kept this loop scalar on arm64
+                out[r, b * 32 + l] = d * (_qf(q & 15) - _F32(8.0))
+                out[r, b * 32 + 16 + l] = d * (_qf(q >> 4) - _F32(8.0))
 
 
 @njit(**_MV)
@@ -200,8 +201,8 @@ def _dq_q4_1(w, out):
             m = _f16_at(w[r], p + 2)
             for l in range(16):
                 q = w[r, p + 4 + l]
-                out[r, b * 32 + l] = d * _F32(q & 15) + m
-                out[r, b * 32 + 16 + l] = d * _F32(q >> 4) + m
+                out[r, b * 32 + l] = d * _qf(q & 15) + m
+                out[r, b * 32 + 16 + l] = d * _qf(q >> 4) + m
 
 
 @njit(**_MV)
