@@ -95,8 +95,10 @@ def _delta_steps(q, k, v, g, beta, S, o, cap_at, caps):
                 c += 1
 
 
-def _no_captures(H: int, dk: int, dv: int) -> tuple[np.ndarray, np.ndarray]:
-    return np.empty(0, np.int64), np.empty((0, H, dk, dv), np.float32)
+# The decode step captures nothing: empty arrays made once, not per layer and token (they hold
+# no element, so nothing can write to them; numba types read-only arrays apart, so not frozen).
+_NO_CAPTURE_AT = np.empty(0, np.int64)
+_NO_CAPTURES = np.empty((0, 1, 1, 1), np.float32)
 
 
 def gated_delta_step(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray,
@@ -105,7 +107,7 @@ def gated_delta_step(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray,
     f32 = np.float32
     o = np.empty((1, S.shape[0], S.shape[2]), dtype=f32)
     _delta_steps(np.ascontiguousarray(q, f32), np.ascontiguousarray(k, f32), np.ascontiguousarray(v, f32),
-                 np.ascontiguousarray(g, f32), np.ascontiguousarray(beta, f32), S, o, *_no_captures(*S.shape))
+                 np.ascontiguousarray(g, f32), np.ascontiguousarray(beta, f32), S, o, _NO_CAPTURE_AT, _NO_CAPTURES)
     return o, S
 
 
