@@ -64,9 +64,10 @@ def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int, sc
             qb = np.ascontiguousarray(qh[t0:t1]).reshape(-1, d)  # ((t1-t0)*group, d)
             scores = (qb @ k[kv, :n_keys].T) * np.float32(scale)
             scores = scores.reshape(t1 - t0, group, n_keys)
-            pos = start + np.arange(t0, t1)
-            mask = np.arange(n_keys)[None, :] > pos[:, None]
-            scores[np.broadcast_to(mask[:, None, :], scores.shape)] = -np.inf
+            if t1 - t0 > 1:  # a single query (decode) sees every key up to itself: nothing to mask
+                pos = start + np.arange(t0, t1)
+                mask = np.arange(n_keys)[None, :] > pos[:, None]
+                scores[np.broadcast_to(mask[:, None, :], scores.shape)] = -np.inf
             scores -= scores.max(axis=-1, keepdims=True)
             np.exp(scores, out=scores)
             scores /= scores.sum(axis=-1, keepdims=True)

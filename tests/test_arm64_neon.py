@@ -25,6 +25,7 @@ from gguf import GGMLQuantizationType as T  # noqa: E402
 
 from engine.quant import formats as F  # noqa: E402
 from engine.quant import kernels as K  # noqa: E402
+from tests.asm import asm_of  # noqa: E402
 
 CPU = os.environ.get("NUMBA_CPU_NAME") or "generic"
 GRAVITON = CPU.startswith("neoverse-")          # N1, V1, V2 have the dot-product extension
@@ -46,22 +47,6 @@ _VEC_DATA = re.compile(rf"^\s*(?:(?:fcvtl2?|shll2?|ushll2?|sshll2?|uxtl2?|sxtl2?
                        r"|(?:ldr|str|ldp|stp|ldur|stur)\s+q\d+|(?:ld1|st1)\s+\{{v)", re.M)
 _INT_MUL = re.compile(r"^\s*(smull2?|umull2?|smlal2?|umlal2?)\s+v\d+\.", re.M)
 _DOT = re.compile(r"^\s*(sdot|udot)\s+(?:v|z)\d+\.", re.M)
-
-
-def asm_of(dispatcher) -> list[str]:
-    """The assembly of every compiled signature, compiled afresh: numba cannot inspect code it
-    loaded from its on-disk cache, so the same Python function is compiled again, uncached, with
-    the dispatcher's own options (parallel, fastmath, ...) for the same signatures."""
-    assert dispatcher.signatures, f"{dispatcher.__name__} was never compiled"
-    options = {k: v for k, v in dispatcher.targetoptions.items() if k != "cache"}
-    fresh = numba.njit(cache=False, **options)(dispatcher.py_func)
-    out = []
-    for sig in dispatcher.signatures:
-        fresh.compile(sig)
-        asm = fresh.inspect_asm(sig)
-        assert len(asm.splitlines()) > 20, f"{dispatcher.__name__}: no assembly to inspect ({asm[:200]!r})"
-        out.append(asm)
-    return out
 
 
 def problems(name: str, asms: list[str], reduction: bool) -> list[str]:

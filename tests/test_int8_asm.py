@@ -1,0 +1,52 @@
+"""The x86_64 integer decode kernels, shown in their assembly: the instructions their speed rests on.
+
+int8_dot.py writes generic LLVM IR that the x86 backend must match to `pmaddubsw`/`pmaddwd`
+(a folded clamp or a freeze made it fall back to widening shuffles at 3-4 GB/s instead of
+15-23), and asks for the weights PREFETCH bytes ahead (decode streams them from DRAM). Nothing
+functional fails when a match is lost, so this test does: every row kernel, one token and a
+tile of tokens, for each format.
+"""
+from __future__ import annotations
+
+import platform
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+
+from engine.quant import kernels as K
+from tests.asm import asm_of
+
+llvm = pytest.importorskip("llvmlite.binding")
+pytestmark = pytest.mark.skipif(
+    platform.machine() not in K.INT8_MACHINES or "+avx2" not in llvm.get_host_cpu_features().flatten(),
+    reason="the integer kernels' x86 instructions: an x86_64 host with AVX2")
+
+# the instructions each format's row kernels must contain
+EXPECTED = {
+    T.Q4_K: ("vpmaddubsw", "vpmaddwd", "prefetcht0"),
+    T.Q6_K: ("vpmaddubsw", "vpmaddwd", "prefetcht0"),
+    T.Q8_0: ("vpmaddwd", "prefetcht0"),
+}
+
+
+def _compiled(qtype, tokens: int):
+    """The kernel decode (one token) or a short prefill (a tile) runs for `qtype`, compiled by
+    running it: rows x cols big enough for the parallel kernel, not its serial twin."""
+    fmt = K.get_format(qtype)
+    rows, cols = 256, 256
+    plan = K.MatvecPlan(qtype, np.zeros((rows, cols // fmt.block_size * fmt.type_size), np.uint8), rows, cols)
+    x = np.random.default_rng(0).standard_normal((tokens, cols)).astype(np.float32)
+    if tokens == 1:
+        plan(x[0], np.empty(rows, np.float32))
+        return plan.kernel
+    plan.tokens(x)
+    return K._mm_q8_0_q8 if qtype == T.Q8_0 else K._mm_k_q8k
+
+
+@pytest.mark.parametrize("tokens", [1, 5], ids=["decode", "tile"])
+@pytest.mark.parametrize("qtype", list(EXPECTED), ids=lambda t: t.name)
+def test_integer_row_kernels_use_the_x86_dot_instructions(qtype, tokens):
+    asm = "\n".join(asm_of(_compiled(qtype, tokens)))
+    missing = [op for op in EXPECTED[qtype] if f"\t{op}" not in asm]
+    assert not missing, f"{qtype.name} x{tokens}: no {missing} in the kernel's assembly"
