@@ -41,6 +41,13 @@ TEST_DEPS = ["pytest>=8", "hypothesis>=6"]
 HOST_ONLY = {"boto3", "botocore", "awslambdaric", "aws-lambda-powertools", "s3transfer"}
 PLATFORMS = ["manylinux2014_aarch64", "manylinux_2_17_aarch64", "manylinux_2_28_aarch64"]
 QEMU = "qemu-aarch64-static"
+# The emulated CPU's SVE, as on the Graviton each numba target names: N1 (Graviton2) has none,
+# V1 (Graviton3) 256-bit vectors, V2 (Graviton4) 128-bit. qemu's own default (512-bit) is no
+# Lambda machine, and code whose result depends on the vector length must be judged at the real
+# one: LLVM 22's SVE lowering of an i8 -> i64 dot product drops half the sum at 256 bits (LLVM
+# issue 204939; tests/test_arm64_neon.py). Without SVE, an SVE instruction in N1 code is SIGILL.
+QEMU_CPU = {"generic": "max,sve=off", "neoverse-n1": "max,sve=off",
+            "neoverse-v1": "max,sve256=on", "neoverse-v2": "max,sve128=on"}
 EX_TEMPFAIL = 75
 OFFLINE_MARKERS = ("NewConnectionError", "Temporary failure in name resolution", "Max retries exceeded",
                    "Network is unreachable", "ConnectTimeout", "Failed to establish a new connection",
@@ -134,12 +141,14 @@ def python_cmd(cache: Path = DEFAULT_CACHE) -> list[str]:
 
 
 def python_env(cache: Path = DEFAULT_CACHE, paths: list[Path] | None = None, **extra: str) -> dict:
-    """Environment for :func:`python_cmd`: the arm64 wheels and the repo on PYTHONPATH, nothing of the host's venv."""
+    """Environment for :func:`python_cmd`: the arm64 wheels and the repo on PYTHONPATH, nothing of the host's venv;
+    the emulated CPU (``QEMU_CPU``) is the Graviton that ``NUMBA_CPU_NAME`` names."""
     keep = {k: v for k, v in os.environ.items()
             if k in ("PATH", "HOME", "LANG", "LC_ALL", "TERM", "TMPDIR", "CI") or k.startswith("WARMLLM_")}
     pp = [str(p) for p in (paths if paths is not None else [cache / "site", ROOT])]
     return {**keep, "PYTHONPATH": os.pathsep.join(pp), "PYTHONNOUSERSITE": "1",
-            "QEMU_LD_PREFIX": str(cache / "root"), **extra}
+            "QEMU_LD_PREFIX": str(cache / "root"), "QEMU_CPU": QEMU_CPU.get(extra.get("NUMBA_CPU_NAME", ""), "max"),
+            **extra}
 
 
 def spec_hash() -> str:
