@@ -170,7 +170,7 @@ def make_model(out: str | os.PathLike[str], preset: str = "tiny", weights: str =
     vocab = build_vocab(p.n_vocab)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
+    tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")  # processes making the same model at once
 
     w = GGUFWriter(str(tmp), ARCH)
     w.add_name(f"warmllm-factory-{preset}-{weights}-seed{seed}")
