@@ -8,19 +8,26 @@ milliseconds. Cache entries are keyed by the source file's absolute path and con
 (target triple, ``NUMBA_CPU_NAME``, ``NUMBA_CPU_FEATURES``), so the image sets the same CPU
 name at build and run time, with ``NUMBA_CPU_FEATURES`` empty (the CPU's own feature set) so a
 build under emulation produces the key a real Graviton looks up.
+
+Without an image cache (the zip deployment with the layer) an arm64 process still compiles for
+``neoverse-n1``, the target ``make test-arm64`` proves and the image uses, not for the Graviton
+it lands on: numba's LLVM 22.1 miscompiles an SVE dot-product loop at Graviton3's 256-bit vector
+length (llvm/llvm-project#204939, docs/arm64.md), and N1 code runs on every Graviton generation.
 """
 from __future__ import annotations
 
 import json
 import os
+import platform
 import shutil
 import time
 
 MARKER = ".warmllm-copied"
 CPU_FILE = "cpu.json"
+ARM64_CPU = "neoverse-n1"
 
 
-def prepare(environ=os.environ) -> dict:
+def prepare(environ=os.environ, machine: str | None = None) -> dict:
     info: dict = {"numba_cache_dir": None, "numba_cache_copied": False, "numba_cache_files": 0}
     dst = environ.get("NUMBA_CACHE_DIR")
     if not dst and environ.get("AWS_LAMBDA_FUNCTION_NAME"):
@@ -39,6 +46,9 @@ def prepare(environ=os.environ) -> dict:
                         environ.setdefault(k, str(v))
         except (OSError, ValueError):
             pass
+    if "NUMBA_CPU_NAME" not in environ and (machine or platform.machine()) in ("aarch64", "arm64"):
+        environ["NUMBA_CPU_NAME"] = ARM64_CPU
+        environ.setdefault("NUMBA_CPU_FEATURES", "")
     info["numba_cpu_name"] = environ.get("NUMBA_CPU_NAME")
     if not (src and dst and os.path.isdir(src)) or os.path.abspath(src) == os.path.abspath(dst):
         return info

@@ -30,6 +30,19 @@ def test_prepare_copies_once_and_applies_the_cpu_target(tmp_path):
     assert env2["NUMBA_CPU_NAME"] == "generic"                          # an explicit setting wins
 
 
+
+def test_arm64_without_an_image_cache_compiles_for_neoverse_n1():
+    """The zip deployment: no cpu.json, and numba would target the Graviton it runs on (SVE on V1,
+    where LLVM 22.1 miscompiles a dot-product loop); N1 is the tested target."""
+    env: dict = {}
+    assert numba_cache.prepare(env, machine="aarch64")["numba_cpu_name"] == "neoverse-n1"
+    assert env["NUMBA_CPU_FEATURES"] == ""
+    mine = {"NUMBA_CPU_NAME": "neoverse-v2"}
+    numba_cache.prepare(mine, machine="aarch64")
+    assert mine["NUMBA_CPU_NAME"] == "neoverse-v2" and "NUMBA_CPU_FEATURES" not in mine   # explicit wins
+    x86: dict = {}
+    assert numba_cache.prepare(x86, machine="x86_64")["numba_cpu_name"] is None and x86 == {}
+
 def test_on_lambda_without_a_cache_dir_tmp_is_used():
     env = {"AWS_LAMBDA_FUNCTION_NAME": "warmllm"}
     assert numba_cache.prepare(env)["numba_cache_dir"] == "/tmp/numba-cache"
