@@ -39,3 +39,7 @@ def _version_the_kernel_cache() -> None:
 
 
 _version_the_kernel_cache()
+
+from engine.threads import apply_env_defaults  # noqa: E402  (no numpy in engine.threads)
+
+apply_env_defaults()  # before any engine module imports numpy: OpenBLAS reads its env once, at load

@@ -9,8 +9,14 @@ Chosen setup (applied before the first parallel kernel launch; env vars already 
 * numba threading layer ``omp`` (GNU OpenMP; ``tbb`` is not installed here and ``workqueue``
   pays ~100 us per launch, see below), with ``OMP_WAIT_POLICY=PASSIVE`` so idle numba threads
   sleep instead of spinning while OpenBLAS works;
-* ``OPENBLAS_THREAD_TIMEOUT=4`` (OpenBLAS workers stop spinning almost at once) -- only effective
-  when this module is imported before numpy loads OpenBLAS (``python -m engine`` does);
+* ``OPENBLAS_THREAD_TIMEOUT=4`` (OpenBLAS workers stop spinning almost at once). OpenBLAS reads
+  it once, when numpy loads it, so ``import engine`` sets these defaults (``apply_env_defaults``)
+  before any engine module imports numpy; a program that imports numpy before the engine keeps
+  OpenBLAS's default (workers spin for ~2^28 cycles, ~0.1 s, after every product). Until
+  2026-12-01 only ``configure`` set them, after numpy was loaded, so the timeout never applied:
+  the spinning BLAS worker took a core from the numba kernels after every GEMM. Setting it in
+  time (0.8B Q4_K_M, 2 threads, alternating processes, 2 rounds): a 30-token suffix 767/763 ->
+  596/514 ms, pp512 79.2/75.2 -> 80.9/83.4 tok/s;
 * BLAS threads = numba threads = N.
 
 Measured on the 2-core build machine (``/tmp``-style alternating experiment: numba Q4_K matvec
@@ -80,12 +86,18 @@ def _requested(threads: int | None) -> int:
     return threads
 
 
+def apply_env_defaults() -> None:
+    """The thread environment of the module docstring, where the user has not set it; to take
+    effect it must run before numpy loads OpenBLAS (``engine/__init__.py`` calls it)."""
+    for key, value in _DEFAULT_ENV.items():
+        os.environ.setdefault(key, value)
+
+
 def configure(threads: int | None = None) -> ThreadConfig:
     """Set numba's and BLAS's thread counts to one value (see module docstring for the setup)."""
     global _blas_limiter
     n = _requested(threads)
-    for key, value in _DEFAULT_ENV.items():
-        os.environ.setdefault(key, value)
+    apply_env_defaults()  # OMP_WAIT_POLICY still counts here: libgomp loads at numba's first launch
 
     import numba
     from numba.np.ufunc import parallel as _parallel

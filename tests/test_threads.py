@@ -30,3 +30,37 @@ def test_bad_env_rejected(monkeypatch, bad):
     monkeypatch.setenv("WARMLLM_THREADS", bad)
     with pytest.raises(ValueError, match="WARMLLM_THREADS|>= 1"):
         threads.configure()
+
+
+_NUMPY_SEES = """
+import os, sys
+seen = []
+class Spy:  # records the environment at the moment numpy (and with it OpenBLAS) is first imported
+    def find_spec(self, name, path=None, target=None):
+        if name == "numpy" and not seen:
+            seen.append(os.environ.get("OPENBLAS_THREAD_TIMEOUT"))
+        return None
+sys.meta_path.insert(0, Spy())
+import {module}
+print("TIMEOUT", seen[0])
+"""
+
+
+@pytest.mark.parametrize("module", ["engine.generate", "engine.cli"])
+def test_openblas_thread_timeout_is_set_before_numpy_loads(module):
+    """OpenBLAS reads OPENBLAS_THREAD_TIMEOUT once, at load: the engine's entry points must set it
+    before their first numpy import, or the BLAS workers spin ~0.1 s after every product and take
+    a core from the numba kernels (a 30-token suffix ran ~30 % slower). A user's value wins."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    code = _NUMPY_SEES.format(module=module)
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=120)
+    assert "TIMEOUT 4" in out.stdout, (out.stdout, out.stderr[-2000:])
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, env={**env, "OPENBLAS_THREAD_TIMEOUT": "9"},
+                         capture_output=True, text=True, timeout=120)
+    assert "TIMEOUT 9" in out.stdout, (out.stdout, out.stderr[-2000:])
