@@ -3,7 +3,7 @@
 `Linear(x)` with x of shape (T, in): T == 1 runs the quantized matrix-vector kernel (decode
 reads each weight byte once; Q4_K/Q6_K/Q8_0 in int8 arithmetic on x86_64); a short T (a chat turn's
 suffix) of Q4_K/Q6_K/Q8_0 runs the multi-token int8 kernel; otherwise the whole matrix is dequantized
-into a reused f32 buffer and BLAS does `X @ W.T` (faster than the int8 kernel from T ~ 32 on).
+into a reused f32 buffer and BLAS does `X @ W.T` (faster than the int8 kernel from T ~ 64-96 on, see SHORT_PREFILL).
 F32 weights are used straight from the mmap in both cases. Where the float kernels run (arm64)
 the Q8_0 and Q6_K decode kernels take per-block scales decoded once into f32
 (`kernels.prepare`), made lazily on the first T == 1 call and kept beside the mmap'd bytes
@@ -23,9 +23,12 @@ from engine.quant.activations import round_activations
 
 # Up to this many tokens, Q4_K/Q6_K/Q8_0 products run in the multi-token int8 kernel (each weight
 # block unpacked once per 4 tokens) instead of dequantize + BLAS, whose cost is mostly fixed
-# (the whole matrix decoded to f32). Measured on 1024x3584 / 3584x1024 (/tmp-style sweep, 2
-# threads): T=18 int8 2.3-4.4 ms vs 3.7-10.5 ms; T=64 11-13 ms vs 5.4-12.5 ms.
-SHORT_PREFILL = 32
+# (the whole matrix decoded to f32). Measured on whole forwards after a 504-token prefix (0.8B,
+# 2 threads, both paths alternating in one process, min of 3, ms): Q4_K_M T=32 734 vs 1057,
+# T=48 1042 vs 1193, T=64 1261 vs 1392, T=96 1759 vs 1656; Q8_0 T=32 946 vs 1175, T=64 1477 vs
+# 1457, T=96 2014 vs 1698. (Per-matrix sweeps had put the crossover at ~32: a forward also pays
+# the dequantization of every matrix, and a chat turn of 33-64 tokens took up to 1.8x longer.)
+SHORT_PREFILL = 64
 
 
 @dataclass
