@@ -14,9 +14,10 @@ Chosen setup (applied before the first parallel kernel launch; env vars already 
   before any engine module imports numpy; a program that imports numpy before the engine keeps
   OpenBLAS's default (workers spin for ~2^28 cycles, ~0.1 s, after every product). Until
   2026-12-01 only ``configure`` set them, after numpy was loaded, so the timeout never applied:
-  the spinning BLAS worker took a core from the numba kernels after every GEMM. Setting it in
-  time (0.8B Q4_K_M, 2 threads, alternating processes, 2 rounds): a 30-token suffix 767/763 ->
-  596/514 ms, pp512 79.2/75.2 -> 80.9/83.4 tok/s;
+  the documented setup was not the one that ran. Applying it made no difference measurable on
+  this 2-core host (0.8B Q4_K_M, 4 rounds of alternating processes, numpy first vs engine first:
+  30-token suffix 688-866 vs 739-842 ms, pp512 70.3-75.7 vs 70.2-73.9 tok/s, token by token
+  14.0-16.3 vs 14.4-16.5 tok/s; a first 2-round run had suggested 25 % on the suffix: noise);
 * BLAS threads = numba threads = N.
 
 Measured on the 2-core build machine (``/tmp``-style alternating experiment: numba Q4_K matvec
