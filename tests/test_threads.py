@@ -49,8 +49,8 @@ print("TIMEOUT", seen[0])
 @pytest.mark.parametrize("module", ["engine.generate", "engine.cli"])
 def test_openblas_thread_timeout_is_set_before_numpy_loads(module):
     """OpenBLAS reads OPENBLAS_THREAD_TIMEOUT once, at load: the engine's entry points must set it
-    before their first numpy import, or the BLAS workers spin ~0.1 s after every product and take
-    a core from the numba kernels (a 30-token suffix ran ~30 % slower). A user's value wins."""
+    before their first numpy import, or the setup engine.threads documents is not the one that runs
+    (OpenBLAS's own default lets its workers spin ~0.1 s after every product). A user's value wins."""
     import os
     import subprocess
     import sys
