@@ -149,9 +149,13 @@ class Engine:
     def _boundary_offsets(self, messages: list[dict], tools: list[dict] | None, text: str,
                           kw: dict) -> list[int]:
         """Character offsets in `text` where the system + tools block and each message up to the
-        last user message end (each rendered prefix must be a prefix of `text`). The end of the
-        last user message is included: the next turn shares it however the reply is rendered
-        (a client that drops reasoning_content changes the reply's text, not what precedes it)."""
+        last user message end (each rendered prefix must be a prefix of `text`), each carried
+        through the role header of the turn that follows (ChatML's ``<|im_start|>user\n``): every
+        conversation that shares the prefix shares that header too, so a new conversation with the
+        same system + tools resumes after it (3 fewer tokens to prefill of a ~30-token first turn).
+        The end of the last user message is included: the next turn shares it however the reply
+        is rendered (a client that drops reasoning_content changes the reply's text, not what
+        precedes it or the ``<|im_start|>assistant\n`` that opens it)."""
         last_user = max((i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"),
                         default=-1)
         offsets: set[int] = set()
@@ -175,7 +179,7 @@ class Engine:
                     offsets.add(cut)
             except ValueError:
                 pass
-        return sorted(offsets)
+        return sorted({_through_role_header(text, o) for o in offsets})
 
     def _offsets_to_positions(self, ids: list[int], offsets: list[int]) -> list[int]:
         """Token positions whose decoded text ends exactly at one of the character offsets
@@ -292,3 +296,12 @@ class Engine:
             snapshot_bytes=pre.snapshot_bytes if pre.snapshot_tier else pre.checkpoint_bytes,
             timings={"checkpoint_ms": pre.checkpoint_ms, "checkpoints": float(len(pre.checkpoints))},
         )
+
+
+def _through_role_header(text: str, offset: int) -> int:
+    """`offset`, moved past the ChatML role header (``<|im_start|>role\n``) that starts there."""
+    if text.startswith("<|im_start|>", offset):
+        end = text.find("\n", offset)
+        if end != -1:
+            return end + 1
+    return offset

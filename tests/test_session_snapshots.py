@@ -233,11 +233,13 @@ def test_chat_prompt_boundaries(engine):
     cp = engine.chat_prompt(msgs, tools=TOOLS)
     assert cp.ids == engine.tokenizer.encode(cp.text) and cp.text == engine.render_chat(msgs, tools=TOOLS)
     assert len(cp.boundaries) == 4  # system+tools, user 1, assistant 1, the last user message
-    for b, k in zip(cp.boundaries, range(1, 5)):
+    # each through the next turn's role header, which every conversation sharing the prefix shares
+    headers = ["<|im_start|>user\n", "<|im_start|>assistant\n", "<|im_start|>user\n", "<|im_start|>assistant\n"]
+    for b, k, header in zip(cp.boundaries, range(1, 5), headers):
         assert engine.tokenizer.decode(cp.ids[:b]) == engine.render_chat(msgs[:k], tools=TOOLS,
-                                                                       add_generation_prompt=False)
+                                                                       add_generation_prompt=False) + header
     no_sys = engine.chat_prompt(msgs[1:2], tools=TOOLS)
-    assert engine.tokenizer.decode(no_sys.ids[:no_sys.boundaries[0]]).endswith("</IMPORTANT><|im_end|>\n")
+    assert engine.tokenizer.decode(no_sys.ids[:no_sys.boundaries[0]]).endswith("</IMPORTANT><|im_end|>\n<|im_start|>user\n")
 
 
 def test_chat_turn_two_extends_turn_one_and_other_conversations_reuse_the_system_prefix(engine, monkeypatch):
