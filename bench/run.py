@@ -1,4 +1,7 @@
-"""`make bench`: our engine and llama.cpp on the same 0.8B-shaped GGUFs, same threads, one run.
+"""`make bench`: our engine and llama.cpp on the same 0.8B-shaped GGUFs, same threads, one run;
+then the agent shape on the Q4_K_M model (`bench.agent_prefix`: turn 1, then (a) turn 2, (b)
+another conversation with the same system + tools, (c) cold processes restoring from the
+directory and from S3 over moto's server), `--agent-rounds` times, unpinned.
 
 Builds the models if absent, runs each measurement in its own process (peak RSS and cold start
 are per process), once with this machine's OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE pin and once with
@@ -17,6 +20,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -107,6 +111,43 @@ def measure(model: Path, threads: int, p: int, n: int, env: dict, with_llama: bo
     return row
 
 
+
+AGENT_GOALS = {"a": 0.10, "b": 0.10, "c_dir": 0.25, "c_s3": 0.25}  # TTFT / turn 1's (issue 2)
+
+
+def agent_rounds(model: Path, env: dict, rounds: int) -> list[dict]:
+    """`python -m bench.agent_prefix --model M --s3`, `rounds` times, each in its own process."""
+    out = []
+    for _ in range(rounds):
+        r = subprocess.run([sys.executable, "-m", "bench.agent_prefix", "--model", str(model), "--s3"],
+                           capture_output=True, text=True, env=env, cwd=ROOT)
+        start = r.stdout.find("{")
+        try:
+            out.append(json.loads(r.stdout[start:]) if r.returncode == 0 and start >= 0 else
+                       {"error": (r.stderr.strip().splitlines() or ["failed"])[-1]})
+        except ValueError:
+            out.append({"error": "unreadable output: " + r.stdout[-200:]})
+    return out
+
+
+def agent_summary(runs: list[dict]) -> dict:
+    """The agent shape over its rounds: per case the median of its TTFT ÷ turn 1's (with the
+    range), the goal and whether the median meets it, and the snapshot sizes and restore times."""
+    ok = [r for r in runs if "ratios" in r]
+    if not ok:
+        return {"error": next((r["error"] for r in runs if "error" in r), "no rounds")}
+    out: dict = {"rounds": len(ok), "turn1_ttft_ms": statistics.median(r["turn1"]["ttft_ms"] for r in ok)}
+    for case, goal in AGENT_GOALS.items():
+        vals = sorted(r["ratios"][case] for r in ok if case in r["ratios"])
+        if vals:
+            med = round(statistics.median(vals), 4)
+            out[case] = {"median_ratio": med, "min": vals[0], "max": vals[-1], "goal": goal, "met": med <= goal,
+                         "restore_ms": statistics.median(r[case]["restore_ms"] for r in ok if case in r["ratios"]),
+                         "prefilled_tokens": ok[0][case]["prefilled_tokens"], "mode": ok[0][case]["mode"]}
+    sizes = sorted({w["bytes"] for r in ok for w in r.get("snapshot_writes", [])})
+    out["snapshot_bytes"] = {"min": sizes[0], "max": sizes[-1]} if sizes else None
+    return out
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="0.8b")
@@ -116,6 +157,7 @@ def main() -> int:
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("--out", default=None)
     ap.add_argument("--rounds", type=int, default=2, help="alternating ours / llama.cpp runs; best of them")
+    ap.add_argument("--agent-rounds", type=int, default=3, help="agent-shape runs on Q4_K_M (0: skip)")
     a = ap.parse_args()
     try:
         import llama_cpp  # noqa: F401
@@ -140,6 +182,14 @@ def main() -> int:
             run.update(measure(model, a.threads, a.p, a.n, env, with_llama, a.rounds))
             receipt["runs"].append(run)
             _print(run)
+    agent_model = ROOT / "models" / f"{a.preset}-Q4_K_M.gguf"
+    if a.agent_rounds > 0 and agent_model.exists():
+        env = {k: v for k, v in os.environ.items() if k not in PINS}
+        env["WARMLLM_THREADS"] = str(a.threads)
+        runs = agent_rounds(agent_model, env, a.agent_rounds)
+        receipt["agent_prefix"] = {"model": str(agent_model.relative_to(ROOT)), "summary": agent_summary(runs),
+                                   "rounds": runs}
+        _print_agent(receipt["agent_prefix"]["summary"])
     out = Path(a.out) if a.out else ROOT / "bench" / "results" / f"{dt.datetime.now():%Y%m%d-%H%M%S}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(receipt, indent=2))
@@ -158,6 +208,19 @@ def _print(run: dict) -> None:
     for side in ("ours", "llama_cpp"):
         if "error" in run.get(side, {}):
             print(f"{side} failed: {run[side]['error']}")
+
+
+def _print_agent(summary: dict) -> None:
+    print(f"\nagent shape (Q4_K_M, unpinned): turn 1 TTFT {summary.get('turn1_ttft_ms')} ms, "
+          f"{summary.get('rounds')} rounds, snapshots {summary.get('snapshot_bytes')} bytes")
+    if "error" in summary:
+        print(f"agent shape failed: {summary['error']}")
+    for case in AGENT_GOALS:
+        if case in summary:
+            c = summary[case]
+            print(f"  {case:6s} {c['mode']:16s} prefilled {c['prefilled_tokens']:4d}  ratio {c['median_ratio']:.3f} "
+                  f"({c['min']:.3f}-{c['max']:.3f}), goal <= {c['goal']}: {'met' if c['met'] else 'MISSED'}, "
+                  f"restore {c['restore_ms']} ms")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """bench/run.py's combination of alternating rounds (the receipt's figures)."""
-from bench.run import best_of
+from bench.run import agent_summary, best_of
 
 
 def test_best_of_rounds_takes_each_figure_on_its_own_terms():
@@ -16,3 +16,21 @@ def test_best_of_rounds_takes_each_figure_on_its_own_terms():
     assert got["batched_over_token_by_token"] == 5.5  # recomputed from the reported figures
     assert got["threads"] == 2 and "error" not in got
     assert best_of([{"error": "x"}]) == {"error": "x"}
+
+
+def _agent_round(a, b, c_dir, turn1=7000.0):
+    case = lambda r: {"ttft_ms": r * turn1, "restore_ms": 1.0, "prefilled_tokens": 27, "mode": "snapshot_memory"}  # noqa: E731
+    return {"turn1": {"ttft_ms": turn1}, "a": case(a), "b": case(b), "c_dir": case(c_dir),
+            "ratios": {"a": a, "b": b, "c_dir": c_dir}, "snapshot_writes": [{"bytes": 33_000_000}, {"bytes": 26_000_000}]}
+
+
+def test_agent_summary_takes_the_median_round_against_each_goal():
+    rounds = [_agent_round(0.09, 0.12, 0.15), _agent_round(0.11, 0.09, 0.16), _agent_round(0.08, 0.13, 0.30),
+              {"error": "moto died"}]
+    s = agent_summary(rounds)
+    assert s["rounds"] == 3 and s["turn1_ttft_ms"] == 7000.0
+    assert s["a"]["median_ratio"] == 0.09 and s["a"]["met"] and (s["a"]["min"], s["a"]["max"]) == (0.08, 0.11)
+    assert s["b"]["median_ratio"] == 0.12 and not s["b"]["met"]
+    assert s["c_dir"]["median_ratio"] == 0.16 and s["c_dir"]["met"] and "c_s3" not in s
+    assert s["snapshot_bytes"] == {"min": 26_000_000, "max": 33_000_000}
+    assert agent_summary([{"error": "moto died"}]) == {"error": "moto died"}
