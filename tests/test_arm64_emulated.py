@@ -35,7 +35,13 @@ TARGETS = ["generic", "neoverse-n1", "neoverse-v1", "neoverse-v2"]
 # last bits; the bounds below are what every target must meet against every other and against x86.
 MV_RTOL = 4e-5        # |a - b| <= MV_RTOL * sum_j |w_ij x_j|  (2x the 2e-5 each kernel meets vs exact)
 F32_LOGITS = 1e-4     # F32 model: max|Δlogit| <= F32_LOGITS * max|logit|  (llama.cpp parity allows 1e-3)
-QUANT_COSINE = 0.99999  # quantized models: cosine of last-position logits, and argmax identical
+# quantized models: cosine of last-position logits, and argmax identical. 0.99999 was set before
+# x86 ran integer kernels for Q4_K/Q6_K/Q8_0 (arm64 runs the float ones) and before all targets
+# were compared: measured 2026-12-01, worst 1 - cos 6.0e-5 (Q4_K_M, neoverse-n1 vs v1/v2: NEON vs
+# SVE summation order in the fastmath float kernels; v1 vs v2 agree to 1e-13) and 3.6e-5 (Q8_0,
+# arm64 vs x86's integer path), argmax and F32 greedy identical everywhere. 0.9999 keeps 10x
+# inside llama.cpp parity's 0.999.
+QUANT_COSINE = 0.9999
 
 
 def _need_userland():
@@ -85,7 +91,8 @@ def test_targets_agree_with_each_other_and_with_x86(model_factory):
                     cos = min(float(x @ y / np.linalg.norm(x) / np.linalg.norm(y)) for x, y in zip(la, lb))
                     worst[f"1-cos_{w}"] = max(worst.get(f"1-cos_{w}", 0.0), 1 - cos)
                     if cos < QUANT_COSINE or not np.array_equal(la.argmax(1), lb.argmax(1)):
-                        failures.append(f"{a} vs {b}: {w} logits cosine {cos:.7f} or argmax differ")
+                        failures.append(f"{a} vs {b}: {w} logits cosine {cos:.7f} (bound {QUANT_COSINE}), argmax "
+                                        f"{'equal' if np.array_equal(la.argmax(1), lb.argmax(1)) else 'DIFFERS'}")
             if not np.array_equal(A["greedy_F32"], B["greedy_F32"]):
                 failures.append(f"{a} vs {b}: F32 greedy continuations differ")
     print(json.dumps({"compared": names, "worst": {k: float(f"{v:.3g}") for k, v in worst.items()}}))
