@@ -118,6 +118,34 @@ def test_factory_is_deterministic_and_seeded(tmp_path):
     assert digest(a) != digest(c)
 
 
+@pytest.mark.parametrize("weights", ["F32", "Q4_K_M"])
+def test_factory_bytes_do_not_depend_on_numpy_simd_path(tmp_path, weights):
+    """numpy picks its SIMD kernels per CPU (AVX2, AVX-512, NEON): the factory's bytes must not
+    depend on which, or the llama.cpp fixtures recorded on one machine fail on the next (they
+    did: vectorised f32 exp/log gave ssm_dt.bias one ulp apart on AVX-512 and AVX2 hosts).
+    The same model built with every dispatched SIMD target of this CPU disabled is identical."""
+    import os
+    import subprocess
+    import sys
+
+    from numpy._core._multiarray_umath import __cpu_dispatch__, __cpu_features__
+
+    from engine.testing.factory import make_model
+
+    found = [f for f in __cpu_dispatch__ if __cpu_features__.get(f)]
+    if not found:
+        pytest.skip("numpy dispatches no SIMD target beyond its baseline on this CPU")
+    here = make_model(tmp_path / "here.gguf", "tiny", weights, 0)
+    out = tmp_path / "baseline.gguf"
+    r = subprocess.run([sys.executable, "-m", "engine", "make-model", "--preset", "tiny", "--weights", weights,
+                        "--seed", "0", "--out", str(out)],
+                       env={**os.environ, "NPY_DISABLE_CPU_FEATURES": " ".join(found)},
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    digest = lambda p: hashlib.sha256(p.read_bytes()).hexdigest()
+    assert digest(out) == digest(here), f"bytes differ with numpy's {found} kernels disabled"
+
+
 def test_tied_and_untied_heads(model_factory):
     untied = Qwen35(GGUFFile(model_factory("tiny", "F32", head="untied")))
     tied = Qwen35(GGUFFile(model_factory("tiny", "F32", head="tied")))

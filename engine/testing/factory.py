@@ -8,6 +8,7 @@ DeltaNet ssm_norm; ssm_a is stored as −exp(A_log).
 """
 from __future__ import annotations
 
+import math
 import os
 import zlib
 from dataclasses import dataclass, replace
@@ -100,6 +101,16 @@ def _normal(seed: int, name: str, shape: tuple[int, ...], std: float) -> np.ndar
     return (_rng(seed, name).standard_normal(shape, dtype=np.float32) * np.float32(std))
 
 
+def _dt_bias(rng: np.random.Generator, n: int) -> np.ndarray:
+    """dt_bias = softplus⁻¹(dt) for dt log-uniform in [1e-3, 1e-1] (Mamba's initialisation).
+
+    Scalar float64 libm, rounded to f32 once: numpy's vectorised f32 exp/log/expm1 differ by an
+    ulp between its SIMD paths, so the same seed wrote different bytes on an AVX-512 host than on
+    an AVX2 one (and on arm64), and the llama.cpp fixtures recorded on one failed on the other."""
+    u = rng.uniform(math.log(1e-3), math.log(1e-1), n)
+    return np.array([(dt := math.exp(float(x))) + math.log(-math.expm1(-dt)) for x in u], dtype=np.float32)
+
+
 def _tensors(p: Preset, seed: int):
     """Yield (name, f32 array in numpy order, kind, layer) for every tensor, in file order."""
     E = p.n_embd
@@ -126,9 +137,7 @@ def _tensors(p: Preset, seed: int):
             yield b + "attn_qkv.weight", mat(b + "attn_qkv", conv_dim, E), "attn_qkv", il
             yield b + "attn_gate.weight", mat(b + "attn_gate", value_dim, E), "attn_gate", il
             yield b + "ssm_conv1d.weight", _normal(seed, b + "conv", (conv_dim, p.conv_kernel), 0.5), "vec", il
-            rng = _rng(seed, b + "dt")
-            dt = np.exp(rng.uniform(np.log(1e-3), np.log(1e-1), p.n_v_heads)).astype(np.float32)
-            yield b + "ssm_dt.bias", (dt + np.log(-np.expm1(-dt))).astype(np.float32), "vec", il
+            yield b + "ssm_dt.bias", _dt_bias(_rng(seed, b + "dt"), p.n_v_heads), "vec", il
             A = _rng(seed, b + "A").uniform(1.0, 16.0, p.n_v_heads).astype(np.float32)
             yield b + "ssm_a", (-A).astype(np.float32), "vec", il
             yield b + "ssm_beta.weight", mat(b + "ssm_beta", p.n_v_heads, E), "ssm_beta", il
