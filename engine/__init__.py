@@ -38,8 +38,12 @@ def _version_the_kernel_cache() -> None:
     os.environ["NUMBA_CACHE_DIR"] = config.CACHE_DIR = os.path.join(base, tag)
 
 
-_version_the_kernel_cache()
-
 from engine.threads import apply_env_defaults  # noqa: E402  (no numpy in engine.threads)
 
-apply_env_defaults()  # before any engine module imports numpy: OpenBLAS reads its env once, at load
+# First of all: OpenBLAS reads its environment once, when numpy loads it, and the cache
+# versioning below imports numba, which imports numpy. Run after it (until 2026-12-01), the
+# defaults came too late whenever NUMBA_CACHE_DIR was set (the Makefile, Lambda): OpenBLAS kept
+# its ~0.1 s spin after every product, measured as 0.10 s of CPU burnt in a 0.3 s sleep after
+# one GEMM (0.00 s with the timeout applied).
+apply_env_defaults()
+_version_the_kernel_cache()

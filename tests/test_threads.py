@@ -46,11 +46,15 @@ print("TIMEOUT", seen[0])
 """
 
 
+@pytest.mark.parametrize("cache_dir", ["inherited", "fresh"])
 @pytest.mark.parametrize("module", ["engine.generate", "engine.cli"])
-def test_openblas_thread_timeout_is_set_before_numpy_loads(module):
+def test_openblas_thread_timeout_is_set_before_numpy_loads(module, cache_dir, tmp_path):
     """OpenBLAS reads OPENBLAS_THREAD_TIMEOUT once, at load: the engine's entry points must set it
     before their first numpy import, or the setup engine.threads documents is not the one that runs
-    (OpenBLAS's own default lets its workers spin ~0.1 s after every product). A user's value wins."""
+    (OpenBLAS's own default lets its workers spin ~0.1 s after every product). A user's value wins.
+    "fresh": a process started with an unversioned NUMBA_CACHE_DIR (the Makefile's, Lambda's) runs
+    the cache versioning, which imports numba and so numpy: until 2026-12-01 that came first and
+    the timeout never applied there; the inherited (already versioned) directory skipped it."""
     import os
     import subprocess
     import sys
@@ -58,6 +62,8 @@ def test_openblas_thread_timeout_is_set_before_numpy_loads(module):
 
     root = Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    if cache_dir == "fresh":
+        env["NUMBA_CACHE_DIR"] = str(tmp_path)
     code = _NUMPY_SEES.format(module=module)
     out = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=120)
     assert "TIMEOUT 4" in out.stdout, (out.stdout, out.stderr[-2000:])
