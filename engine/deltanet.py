@@ -15,7 +15,8 @@ import numpy as np
 from numba import njit, prange
 
 from engine.jit import kernel
-from engine.threads import blas_single_thread
+from engine.llvm_ops import fast_exp
+from engine.threads import split_over_threads
 
 CHUNK = 64
 # Up to this many tokens the prefill runs the recurrence kernel: the chunked form's fixed costs
@@ -134,44 +135,77 @@ def gated_delta_recurrent(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.nda
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def _intra_chunk(qc, kc, vc, G, bc):
-    """Per (head, chunk), everything that does not depend on the carried state:
-    U_b = M⁻¹·diag(β)V, W = M⁻¹·diag(β·e^G)K with M = I + strictly-lower(diag(β)·(KKᵀ ∘ decay)),
-    and QKᵀ ∘ decay (inclusive lower triangle). M⁻¹ is applied by forward substitution.
-    Shapes: qc, kc (H, N, C, dk); vc (H, N, C, dv); G, bc (H, N, C)."""
-    H, N, C, dk = kc.shape
-    dv = vc.shape[3]
+def _chunk_terms(q, k, v, g, beta, C):
+    """Per (head, chunk), everything that does not depend on the carried state, read straight
+    from the (T, H, d) projections (no padded head-major copies; positions past T count as
+    k = q = v = 0, g = beta = 0, which change nothing). With G the cumulative log-decay within the
+    chunk and M = I + strictly-lower(diag(β)·(KKᵀ ∘ e^{G_t−G_s})), M⁻¹ applied by forward
+    substitution:
+      WQ[:C]  = W = M⁻¹·diag(β·e^G)K      WQ[C:] = diag(e^G)Q   (one product with S per chunk)
+      Ub      = M⁻¹·diag(β)V               QK = QKᵀ ∘ e^{G_t−G_s} (inclusive lower triangle)
+      KdT     = (diag(e^{G_last−G})K)ᵀ     g_last = e^{G_last}
+    Shapes: WQ (H, N, 2C, dk), Ub (H, N, C, dv), QK (H, N, C, C), KdT (H, N, dk, C), g_last (H, N),
+    and G itself (H, N, C) for the checkpoints inside a chunk."""
+    T, H, dk = k.shape
+    dv = v.shape[2]
+    N = (T + C - 1) // C
+    WQ = np.empty((H, N, 2 * C, dk), dtype=np.float32)
     Ub = np.empty((H, N, C, dv), dtype=np.float32)
-    W = np.empty((H, N, C, dk), dtype=np.float32)
     QK = np.zeros((H, N, C, C), dtype=np.float32)
+    KdT = np.empty((H, N, dk, C), dtype=np.float32)
+    g_last = np.empty((H, N), dtype=np.float32)
+    Gc = np.empty((H, N, C), dtype=np.float32)
     for hn in prange(H * N):
         h = hn // N
         n = hn % N
-        k = kc[h, n]
-        q = qc[h, n]
-        g = G[h, n]
-        b = bc[h, n]
+        t0 = n * C
+        m = min(C, T - t0)  # real tokens in this chunk
+        G = np.zeros(C, dtype=np.float32)
+        acc = np.float32(0.0)
+        for t in range(m):
+            acc += g[t0 + t, h]
+            G[t] = acc
+        for t in range(m, C):
+            G[t] = acc
+        Gc[h, n] = G
+        kb = np.zeros((C, dk), dtype=np.float32)
+        kb[:m] = k[t0:t0 + m, h]
+        kbT = np.ascontiguousarray(kb.T)  # rows of KKᵀ and QKᵀ as vector loops over s
+        rk = np.empty(C, dtype=np.float32)
+        rq = np.empty(C, dtype=np.float32)
         A = np.zeros((C, C), dtype=np.float32)
-        for t in range(C):
-            for s in range(t + 1):
-                decay = np.exp(g[t] - g[s])
-                kk = np.float32(0.0)
-                qk = np.float32(0.0)
-                for i in range(dk):
-                    kk += k[t, i] * k[s, i]
-                    qk += q[t, i] * k[s, i]
-                QK[h, n, t, s] = qk * decay
-                if s < t:
-                    A[t, s] = b[t] * kk * decay
-        u = Ub[h, n]
-        w = W[h, n]
-        for t in range(C):
-            bt = b[t]
-            be = bt * np.exp(g[t])
-            for i in range(dv):
-                u[t, i] = bt * vc[h, n, t, i]
+        qk = QK[h, n]
+        for t in range(m):
+            rk[:t + 1] = 0.0
+            rq[:t + 1] = 0.0
             for i in range(dk):
-                w[t, i] = be * k[t, i]
+                kti = kb[t, i]
+                qti = q[t0 + t, h, i]
+                for s in range(t + 1):
+                    rk[s] += kti * kbT[i, s]
+                    rq[s] += qti * kbT[i, s]
+            bt = beta[t0 + t, h]
+            for s in range(t + 1):
+                d = G[t] - G[s]
+                # below e^-80 a term is zero at f32 precision; flushing it keeps denormals out
+                decay = fast_exp(d) if d > -80.0 else np.float32(0.0)
+                qk[t, s] = rq[s] * decay
+                A[t, s] = bt * rk[s] * decay
+            A[t, t] = 0.0
+        u = Ub[h, n]
+        w = WQ[h, n]
+        u[m:] = 0.0
+        w[m:C] = 0.0
+        w[C + m:] = 0.0
+        for t in range(m):
+            bt = beta[t0 + t, h]
+            eg = fast_exp(G[t])
+            be = bt * eg
+            for i in range(dv):
+                u[t, i] = bt * v[t0 + t, h, i]
+            for i in range(dk):
+                w[t, i] = be * kb[t, i]
+                w[C + t, i] = eg * q[t0 + t, h, i]
             for s in range(t):
                 a = A[t, s]
                 if a != 0.0:
@@ -179,63 +213,69 @@ def _intra_chunk(qc, kc, vc, G, bc):
                         u[t, i] -= a * u[s, i]
                     for i in range(dk):
                         w[t, i] -= a * w[s, i]
-    return Ub, W, QK
+        gl = G[C - 1]
+        g_last[h, n] = fast_exp(gl)
+        e = np.empty(C, dtype=np.float32)
+        for t in range(C):
+            e[t] = fast_exp(gl - G[t])
+        kd = KdT[h, n]
+        for i in range(dk):
+            for t in range(C):
+                kd[i, t] = kbT[i, t] * e[t]
+    return WQ, Ub, QK, KdT, g_last, Gc
 
 
 def gated_delta_chunked(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray,
                         S: np.ndarray, chunk: int = CHUNK,
                         capture: Sequence[int] = ()) -> tuple[np.ndarray, np.ndarray, list]:
-    """T tokens in chunks of `chunk`: the state-independent parts of every chunk at once
-    (numba, parallel over head × chunk), then one short loop over chunks carrying the state
-    with batched matrix products (BLAS). Padded positions have beta = 0 and g = 0, so they
-    change nothing.
+    """T tokens in chunks of `chunk`: the state-independent terms of every chunk at once
+    (`_chunk_terms`, numba, parallel over head × chunk), then one short loop over chunks carrying
+    the state with batched matrix products (BLAS), the heads split over the threads.
 
     With U = U_b − W·S₀ per chunk: O = diag(e^G)·Q·S₀ + (QKᵀ∘decay)·U and
     S₁ = e^{G_last}·S₀ + (K∘e^{G_last−G})ᵀ·U. The state after j tokens of a chunk is the same
     formula over its first j rows, so the states after each of the `capture` token counts
     (returned third, in that order) come out of the one pass: a checkpoint needs no split."""
+    f32 = np.float32
     T, H, dk = q.shape
     dv = v.shape[2]
     C = chunk
-    pad = (-T) % C
-    N = (T + pad) // C
+    N = (T + C - 1) // C
+    k = np.ascontiguousarray(k, f32)
+    WQ, Ub, QK, KdT, g_last, G = _chunk_terms(np.ascontiguousarray(q, f32), k,
+                                           np.ascontiguousarray(v, f32), np.ascontiguousarray(g, f32),
+                                           np.ascontiguousarray(beta, f32), C)
+    o = np.empty((N * C, H, dv), dtype=f32)  # token-major, as the caller wants it; padded rows dropped
+    S_out = np.empty((H, dk, dv), dtype=f32)
+    cap_S = np.empty((len(capture), H, dk, dv), dtype=f32)
 
-    def heads_chunks(a: np.ndarray) -> np.ndarray:
-        if pad:
-            a = np.concatenate([a, np.zeros((pad,) + a.shape[1:], dtype=a.dtype)], axis=0)
-        a = np.moveaxis(a, 1, 0)  # (H, T', ...)
-        return np.ascontiguousarray(a.reshape((H, N, C) + a.shape[2:]), dtype=np.float32)
-
-    qc, kc, vc = heads_chunks(q), heads_chunks(k), heads_chunks(v)  # (H, N, C, d)
-    gc, bc = heads_chunks(g), heads_chunks(beta)  # (H, N, C)
-    G = np.cumsum(gc, axis=2, dtype=np.float32)  # cumulative log-decay within each chunk
-    Ub, W, QK = _intra_chunk(qc, kc, vc, G, bc)
-
-    qg = qc * np.exp(G)[..., None]
-    G_last = G[..., -1]  # (H, N)
-    kd = kc * np.exp(G_last[..., None] - G)[..., None]  # (H, N, C, dk); used transposed below
-    # (a transposed view is F-contiguous per matrix, so matmul hands it to BLAS without a copy;
-    # materialising the transpose cost 7 ms per layer of a 512-token prefill)
-    g_last = np.exp(G_last)
-
-    out = np.empty((H, N, C, dv), dtype=np.float32)
-    S = np.array(S, dtype=np.float32, copy=True)
-    captured: dict[int, np.ndarray] = {}
-    with blas_single_thread():
+    def heads(h0: int, h1: int) -> None:
+        S_h = np.array(S[h0:h1], dtype=f32, copy=True)
+        X = np.empty((h1 - h0, 2 * C, dv), dtype=f32)
+        Y = np.empty((h1 - h0, dk, dv), dtype=f32)
+        Z = np.empty((h1 - h0, C, dv), dtype=f32)
         for n in range(N):
-            U = Ub[:, n] - W[:, n] @ S  # (H, C, dv)
-            out[:, n] = qg[:, n] @ S + QK[:, n] @ U
-            for r in capture:
+            np.matmul(WQ[h0:h1, n], S_h, out=X)  # [W; Q∘e^G]·S in one product
+            U = np.subtract(Ub[h0:h1, n], X[:, :C])
+            np.matmul(QK[h0:h1, n], U, out=Z)
+            np.add(X[:, C:], Z, out=o[n * C:(n + 1) * C, h0:h1].transpose(1, 0, 2))
+            for c, r in enumerate(capture):
                 j = r - n * C  # tokens of this chunk before the capture point
-                if 0 < j < C:
-                    kj = kc[:, n, :j] * np.exp(G[:, n, j - 1, None] - G[:, n, :j])[..., None]
-                    captured[r] = np.exp(G[:, n, j - 1])[:, None, None] * S + np.swapaxes(kj, -1, -2) @ U[:, :j]
-            S = g_last[:, n, None, None] * S + np.swapaxes(kd[:, n], -1, -2) @ U
-            for r in capture:
+                if 0 < j < C:  # the update over the chunk's first j rows, decayed to row j
+                    kj = np.swapaxes(k[n * C:n * C + j, h0:h1], 0, 1)  # (heads, j, dk)
+                    kj = kj * np.exp(G[h0:h1, n, j - 1, None] - G[h0:h1, n, :j])[..., None]
+                    cap_S[c, h0:h1] = (np.exp(G[h0:h1, n, j - 1])[:, None, None] * S_h
+                                       + np.swapaxes(kj, -1, -2) @ U[:, :j])
+            np.matmul(KdT[h0:h1, n], U, out=Y)
+            S_h *= g_last[h0:h1, n, None, None]
+            S_h += Y
+            for c, r in enumerate(capture):
                 if r == (n + 1) * C:
-                    captured[r] = S.copy()
-    o = np.moveaxis(out.reshape(H, N * C, dv)[:, :T], 0, 1)  # (T, H, dv)
-    return np.ascontiguousarray(o), S, [captured[r] for r in capture]
+                    cap_S[c, h0:h1] = S_h
+        S_out[h0:h1] = S_h
+
+    split_over_threads(heads, H)
+    return o[:T], S_out, [cap_S[c] for c in range(len(capture))]
 
 
 def gated_delta_prefill(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray,
