@@ -105,7 +105,10 @@ def child(args) -> int:
     out = _run(eng, json.loads(args.messages))
     out["load_ms"] = round(load_ms, 1)
     eng.snapshots.hold()  # measure only: the promotion writes need not happen
-    print("RESULT " + json.dumps(out))
+    # one write with its newline: print() writes the text and the "\n" apart, and a background
+    # snapshot write's log line landing between them broke the RESULT line (seen in make test)
+    sys.stdout.write("RESULT " + json.dumps(out) + "\n")
+    sys.stdout.flush()
     os._exit(0)
 
 

@@ -212,3 +212,41 @@ def test_q8_0_activation_rounding_matches_numpy_float16():
         ref = (np.rint(b * inv[:, None]) * d[:, None]).reshape(x.shape)
         got = round_activations(x, T.Q8_0)
         np.testing.assert_array_equal(got.view(np.uint32), ref.view(np.uint32))
+
+
+def _q8_k_reference(block: np.ndarray) -> tuple[np.ndarray, np.float32]:
+    """ggml's quantize_row_q8_K for one 256-value block, as written there: the first value of
+    largest magnitude sets the scale (-127 / it); values rounded to nearest even, capped at 127."""
+    amax, mx = np.float32(0), np.float32(0)
+    for v in block:
+        if abs(v) > amax:
+            amax, mx = abs(v), v
+    if amax == 0:
+        return np.zeros(256, np.int32), np.float32(0)
+    iscale = np.float32(-127.0) / mx
+    return np.minimum(np.rint(block * iscale), 127).astype(np.int32), np.float32(1.0) / iscale
+
+
+def test_q8_k_rounding_matches_ggml_including_ties():
+    """The vectorised max/min scale must pick what ggml's ordered scan picks, ties included."""
+    from engine.quant.activations import quantize_q8_k
+
+    rng = np.random.default_rng(7)
+    blocks = rng.standard_normal((6, 256)).astype(np.float32)
+    blocks[1] = 0.0                                   # a zero block
+    blocks[2, 10], blocks[2, 200] = -5.0, 5.0         # |min| == |max|, the negative first
+    blocks[3, 10], blocks[3, 200] = 5.0, -5.0         # ... the positive first
+    blocks[4, 50] = -9.0                              # the negative one is the largest
+    blocks[5] = np.float32(0.25)                      # every value the same
+    x = blocks.reshape(-1)
+    q = np.empty(x.size, np.int8)
+    d = np.empty(x.size // 256, np.float32)
+    sums = np.empty(x.size // 16, np.int16)
+    quantize_q8_k(x, q, d, sums)
+    rounded = round_activations(blocks, T.Q4_K)
+    for i, block in enumerate(blocks):
+        ref_q, ref_d = _q8_k_reference(block)
+        np.testing.assert_array_equal(q[i * 256:(i + 1) * 256], ref_q, err_msg=f"block {i}")
+        assert d[i] == ref_d, (i, d[i], ref_d)
+        np.testing.assert_array_equal(rounded[i], (ref_q * ref_d).astype(np.float32), err_msg=f"block {i}")
+        np.testing.assert_array_equal(sums[i * 16:(i + 1) * 16], ref_q.reshape(16, 16).sum(axis=1))
