@@ -7,20 +7,25 @@ same number so prefill (numba dequant -> BLAS GEMM) and decode (numba matvec) sh
 Chosen setup (applied before the first parallel kernel launch; env vars already set win):
 
 * numba threading layer ``omp`` (GNU OpenMP; ``tbb`` is not installed here and ``workqueue``
-  pays ~100 us per launch, see below), with ``OMP_WAIT_POLICY=PASSIVE`` so idle numba threads
-  sleep instead of spinning while OpenBLAS works;
+  pays ~100 us per launch, see below), with ``OMP_WAIT_POLICY=PASSIVE`` and a short spin,
+  ``GOMP_SPINCOUNT`` (5000 on x86_64, ``_SPIN``): an idle numba thread waits ~0.1 ms for the next
+  launch, then sleeps, so it does not take a core from OpenBLAS during a prefill GEMM. Decode
+  launches ~190 kernels per token ~20-50 us apart: with no spin every launch paid a wake-up.
+  Measured 2026-12-01 (0.8B Q4_K_M, AVX-512 host, 2 threads, ``python -m engine bench -p 512
+  -n 64``, two rounds per value): tg 40.0-40.7 tok/s with no spin, 50-55 at 2000, 58.7-61.6 at
+  5000, 57.3-64.1 at 10000, 54-58 at 20000; pp512 stayed at 270-312 tok/s up to 20000 and fell
+  to 229 at 100000 and 150-159 at 1000000 (the spinning threads take BLAS's core);
 * ``OPENBLAS_THREAD_TIMEOUT=4`` (OpenBLAS workers stop spinning almost at once). OpenBLAS reads
   it once, when numpy loads it, so ``import engine`` sets these defaults (``apply_env_defaults``)
-  before any engine module imports numpy; a program that imports numpy before the engine keeps
-  OpenBLAS's default (workers spin for ~2^28 cycles, ~0.1 s, after every product). Until
-  2026-12-01 only ``configure`` set them, after numpy was loaded, so the timeout never applied:
-  the documented setup was not the one that ran. Applying it made no difference measurable on
-  this 2-core host (0.8B Q4_K_M, 4 rounds of alternating processes, numpy first vs engine first:
-  30-token suffix 688-866 vs 739-842 ms, pp512 70.3-75.7 vs 70.2-73.9 tok/s, token by token
-  14.0-16.3 vs 14.4-16.5 tok/s; a first 2-round run had suggested 25 % on the suffix: noise);
-* BLAS threads = numba threads = N.
+  before anything imports numpy — numba included, which the kernel-cache versioning imports;
+  a program that imports numpy before the engine keeps OpenBLAS's default (workers spin for
+  ~2^28 cycles, ~0.1 s, after every product: 0.10 s of CPU burnt in a 0.3 s sleep after one
+  GEMM). Until 2026-12-01 the defaults were applied after numpy had loaded, so the timeout never
+  applied and the earlier measurements of spinning (below) were taken with OpenBLAS spinning too;
+* BLAS threads = numba threads = N; runs of many small products split over Python threads with
+  one-thread BLAS each (``split_over_threads``).
 
-Measured on the 2-core build machine (``/tmp``-style alternating experiment: numba Q4_K matvec
+Earlier (before the timeout applied), on the 2-core build machine (``/tmp``-style alternating experiment: numba Q4_K matvec
 64x256 launches, and matvec + a 64x256x256 GEMM alternating; median over 2000/500 calls). The
 host was heavily oversubscribed while measuring (load average 6-9 from a parallel C++ build on
 2 cores), so the numbers show the hazard more than the Lambda steady state:
@@ -46,11 +51,17 @@ Re-measure on a quiet machine / on Lambda with ``python -m engine.threads`` (pri
 from __future__ import annotations
 
 import os
+import platform
 from dataclasses import dataclass
 
+# libgomp's spin before an idle numba thread sleeps, in loop iterations: a `pause` (~65-140
+# cycles) on x86_64, a compiler barrier (~1-2 ns) on arm64, so arm64 gets 20x the count for about
+# the same ~0.1-0.3 ms window (not measured on a Graviton: emulation says nothing about timing).
+_SPIN = {"x86_64": "5000", "AMD64": "5000", "aarch64": "100000", "arm64": "100000"}
 _DEFAULT_ENV = {
     "OMP_WAIT_POLICY": "PASSIVE",
     "OPENBLAS_THREAD_TIMEOUT": "4",
+    "GOMP_SPINCOUNT": _SPIN.get(platform.machine(), "5000"),
 }
 _DEFAULT_LAYER = "omp"
 _blas_limiter = None  # keeps the threadpoolctl limit object alive

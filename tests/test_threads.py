@@ -38,11 +38,11 @@ seen = []
 class Spy:  # records the environment at the moment numpy (and with it OpenBLAS) is first imported
     def find_spec(self, name, path=None, target=None):
         if name == "numpy" and not seen:
-            seen.append(os.environ.get("OPENBLAS_THREAD_TIMEOUT"))
+            seen.append((os.environ.get("OPENBLAS_THREAD_TIMEOUT"), os.environ.get("GOMP_SPINCOUNT")))
         return None
 sys.meta_path.insert(0, Spy())
 import {module}
-print("TIMEOUT", seen[0])
+print("TIMEOUT", seen[0][0], "SPIN", seen[0][1])
 """
 
 
@@ -61,12 +61,14 @@ def test_openblas_thread_timeout_is_set_before_numpy_loads(module, cache_dir, tm
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_THREAD_TIMEOUT", "GOMP_SPINCOUNT")}
     if cache_dir == "fresh":
         env["NUMBA_CACHE_DIR"] = str(tmp_path)
     code = _NUMPY_SEES.format(module=module)
     out = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=120)
     assert "TIMEOUT 4" in out.stdout, (out.stdout, out.stderr[-2000:])
+    # the numba threads' short spin (libgomp reads it at numba's first launch, later still)
+    assert f"SPIN {threads._DEFAULT_ENV['GOMP_SPINCOUNT']}" in out.stdout, out.stdout
     out = subprocess.run([sys.executable, "-c", code], cwd=root, env={**env, "OPENBLAS_THREAD_TIMEOUT": "9"},
                          capture_output=True, text=True, timeout=120)
     assert "TIMEOUT 9" in out.stdout, (out.stdout, out.stderr[-2000:])
