@@ -61,6 +61,13 @@ DEFAULT_EVERY = 256
 DEFAULT_MEMORY_MB = 512
 DEFAULT_DIR_MB = 10240
 DEFAULT_FLUSH_S = 30.0
+# With a memory hit, a slower tier is asked only for prefixes at least this many tokens longer:
+# restoring from it costs more than prefilling fewer (0.8B Q4_K_M: directory restore ~100 ms,
+# S3 ~150 ms plus a HEAD round trip for every longer candidate, against ~5 ms per token of a
+# short suffix). Measured: a new conversation with the same system + tools (27 tokens past the
+# memory hit) took 205-220 ms with S3 configured — the HEADs for its 1-27-token-longer
+# candidates, which could not pay off — and 155-170 ms without.
+SLOW_TIER_MIN_GAIN = 32
 
 Key = tuple[int, str]  # (n_tokens, prefix hash)
 
@@ -612,7 +619,8 @@ class SnapshotStore:
                slow: bool = True) -> Restored | None:
         """The longest stored prefix of `tokens` among `candidates` (plus every length held in
         memory) with min_len ≤ n ≤ len(tokens). A snapshot of the whole prompt is usable only
-        if it carries the next-token logits. Memory first; slower tiers only for longer ones."""
+        if it carries the next-token logits. Memory first; slower tiers only for ones longer by at
+        least SLOW_TIER_MIN_GAIN tokens (any longer one when memory has none)."""
         t0 = time.perf_counter()
         total = len(tokens)
         cands = {int(c) for c in candidates}
@@ -638,8 +646,8 @@ class SnapshotStore:
                 break
         if slow:
             for tier in self.slow_tiers:
-                floor = best.snapshot.n_tokens if best else 0
-                keys = [(n, hashes[n]) for n in order if n > floor]
+                floor = best.snapshot.n_tokens + SLOW_TIER_MIN_GAIN if best else 0
+                keys = [(n, hashes[n]) for n in order if n >= floor]
                 found = self._lookup_tier(tier, keys, tokens)
                 if found is not None:
                     best = found[0]

@@ -103,6 +103,35 @@ REASON = {"truncated": "truncated", "corrupt": "corrupt", "bad_magic": "corrupt"
           "wrong_model": "wrong_model", "stale": "stale", "garbage": "truncated"}
 
 
+def test_a_memory_hit_asks_slower_tiers_only_for_prefixes_worth_restoring(tmp_path):
+    """With memory holding n tokens, a directory snapshot a few tokens longer is not worth its
+    restore (nor S3's round trip): only one SLOW_TIER_MIN_GAIN or more tokens longer is asked for."""
+    gain = S.SLOW_TIER_MIN_GAIN
+    full = make_snap(100 + 2 * gain, seed=3, logits=True)
+    toks = full.tokens.tolist()
+
+    def snap_of(n):
+        return S.Snapshot(full.tokens[:n], make_snap(n, seed=n).state)
+
+    writer = store(tmp_path, memory_mb=0)
+    for n in (100 + gain - 1, 100 + gain):
+        writer.put((n, S.prefix_hashes(toks, [n])[n]), snap_of(n))
+    assert writer.flush(10)
+    asked = []
+    st = store(tmp_path)
+    real = st.slow_tiers[0].exists
+    st.slow_tiers[0].exists = lambda key: asked.append(key[0]) or real(key)
+    st.put((100, S.prefix_hashes(toks, [100])[100]), snap_of(100))
+    assert st.flush(10)
+    asked.clear()  # the put's own background write looked too
+    hit = st.lookup(toks, [100, 100 + gain - 1])
+    assert (hit.tier, hit.snapshot.n_tokens) == ("memory", 100) and asked == []
+    hit = st.lookup(toks, [100, 100 + gain - 1, 100 + gain])
+    assert (hit.tier, hit.snapshot.n_tokens) == ("efs", 100 + gain) and asked == [100 + gain]
+    st2 = store(tmp_path)  # memory empty: every candidate is asked for
+    assert st2.lookup(toks, [100 + gain - 1]).tier == "efs"
+
+
 @pytest.mark.parametrize("kind", sorted(REASON))
 def test_deserialize_names_each_kind_of_bad_snapshot(kind):
     snap = make_snap(9)
