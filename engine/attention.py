@@ -4,6 +4,10 @@ computed in query blocks so memory stays bounded (never T×T for long prompts)."
 from __future__ import annotations
 
 import numpy as np
+from numba import prange
+
+from engine.jit import kernel
+from engine.llvm_ops import fast_exp
 
 # Bound on one block of attention scores, in floats (64 MiB).
 SCORE_BLOCK_FLOATS = 16 * 1024 * 1024
@@ -45,6 +49,31 @@ def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     return out
 
 
+@kernel(fastmath=True, cache=True)
+def _causal_softmax_rows(scores, first_pos, group, scale):
+    """In place, per row: softmax(scale · scores) over the keys the row's query may see. Row r is
+    query head r % group of the query at position first_pos + r // group, which sees keys
+    0..that position; later keys get probability 0. One pass per row instead of numpy's six
+    (scale, mask through a boolean index, max, subtract, exp, sum, divide: 58 ms of a 512-token
+    0.8B prefill's 6 attention layers)."""
+    n = scores.shape[1]
+    for r in prange(scores.shape[0]):
+        last = min(n, first_pos + r // group + 1)
+        m = scores[r, 0] * scale
+        for j in range(1, last):
+            m = max(m, scores[r, j] * scale)
+        total = np.float32(0.0)
+        for j in range(last):
+            e = fast_exp(scores[r, j] * scale - m)
+            scores[r, j] = e
+            total += e
+        inv = np.float32(1.0) / total
+        for j in range(last):
+            scores[r, j] *= inv
+        for j in range(last, n):
+            scores[r, j] = 0.0
+
+
 def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int, scale: float) -> np.ndarray:
     """q (T, H, d) for positions start..start+T-1; k, v (H_kv, n, d) with n = start + T.
 
@@ -62,16 +91,7 @@ def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int, sc
             t1 = min(T, t0 + block)
             n_keys = start + t1  # causal: later keys are never needed for this block
             qb = np.ascontiguousarray(qh[t0:t1]).reshape(-1, d)  # ((t1-t0)*group, d)
-            scores = (qb @ k[kv, :n_keys].T) * np.float32(scale)
-            scores = scores.reshape(t1 - t0, group, n_keys)
-            if t1 - t0 > 1:  # a single query (decode) sees every key up to itself: nothing to mask
-                pos = start + np.arange(t0, t1)
-                mask = np.arange(n_keys)[None, :] > pos[:, None]
-                scores[np.broadcast_to(mask[:, None, :], scores.shape)] = -np.inf
-            scores -= scores.max(axis=-1, keepdims=True)
-            np.exp(scores, out=scores)
-            scores /= scores.sum(axis=-1, keepdims=True)
-            out[t0:t1, kv * group:(kv + 1) * group, :] = (
-                scores.reshape(-1, n_keys) @ v[kv, :n_keys]
-            ).reshape(t1 - t0, group, d)
+            scores = qb @ k[kv, :n_keys].T
+            _causal_softmax_rows(scores.size, scores, start + t0, group, np.float32(scale))
+            out[t0:t1, kv * group:(kv + 1) * group, :] = (scores @ v[kv, :n_keys]).reshape(t1 - t0, group, d)
     return out

@@ -26,38 +26,89 @@ RECURRENT_MAX = 128
 
 
 @kernel(fastmath=True, cache=True)
-def _conv_rows(xp, wt, y):
+def _conv_silu_rows(tail, x, wt, y):
+    """y = SiLU(depthwise causal conv of [tail; x]) without building [tail; x]: row t of the
+    padded input is tail[t] for t < K-1, else x[t - (K-1)]. SiLU fused (one pass over y less)."""
     T, C = y.shape
     K = wt.shape[0]
+    K1 = K - 1
     for t in prange(T):
         for c in range(C):
-            y[t, c] = xp[t, c] * wt[0, c]
-        for j in range(1, K):
-            for c in range(C):
-                y[t, c] += xp[t + j, c] * wt[j, c]
+            y[t, c] = 0.0
+        for j in range(K):
+            p = t + j  # row of the padded input
+            if p < K1:
+                for c in range(C):
+                    y[t, c] += tail[p, c] * wt[j, c]
+            else:
+                for c in range(C):
+                    y[t, c] += x[p - K1, c] * wt[j, c]
+        for c in range(C):
+            v = y[t, c]
+            y[t, c] = v / (np.float32(1.0) + fast_exp(-v))
 
 
-def causal_conv1d(x: np.ndarray, tail: np.ndarray, w: np.ndarray,
-                  capture: Sequence[int] = ()) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
-    """Depthwise causal conv over time. x (T, C), tail (K-1, C) previous inputs, w (C, K).
+def _padded_rows(tail: np.ndarray, x: np.ndarray, r0: int, r1: int) -> np.ndarray:
+    """Rows r0..r1 of [tail; x] as a new array (never a view: a state must not keep x alive)."""
+    K1 = tail.shape[0]
+    if r0 >= K1:
+        return x[r0 - K1:r1 - K1].copy()
+    return np.concatenate([tail[r0:min(r1, K1)], x[:max(0, r1 - K1)]], axis=0)
+
+
+def causal_conv1d_silu(x: np.ndarray, tail: np.ndarray, w: np.ndarray,
+                       capture: Sequence[int] = ()) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    """SiLU of the depthwise causal conv over time. x (T, C), tail (K-1, C) previous inputs, w (C, K).
 
     Returns (y (T, C), new tail (K-1, C), the tails after each of the `capture` token counts).
     """
     T = x.shape[0]
     K1 = tail.shape[0]
-    xp = np.concatenate([tail, x], axis=0).astype(np.float32, copy=False)  # (T + K - 1, C)
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    tail = np.ascontiguousarray(tail, dtype=np.float32)
     y = np.empty((T, x.shape[1]), dtype=np.float32)
     # decode (T == 1) runs serially: a parallel launch cost ~190 us of a 6144-channel step
-    _conv_rows(y.size, xp, np.ascontiguousarray(w.T, dtype=np.float32), y)
-    # copies, not views: a view of xp kept the whole (T + K - 1, C) input alive in the state
-    # (217 MB over 18 layers after a 512-token prefill of the 0.8B model)
-    return y, xp[T:].copy(), [xp[r:r + K1].copy() for r in capture]
+    _conv_silu_rows(y.size, tail, x, np.ascontiguousarray(w.T, dtype=np.float32), y)
+    # copies, not views: a view of the input kept the whole (T + K - 1, C) padded input alive in
+    # the state (217 MB over 18 layers after a 512-token prefill of the 0.8B model)
+    return y, _padded_rows(tail, x, T, T + K1), [_padded_rows(tail, x, r, r + K1) for r in capture]
 
 
-def l2_normalize(x: np.ndarray, eps: float) -> np.ndarray:
-    """x / sqrt(sum(x²) + eps) over the last axis (llama.cpp's gdn l2 norm)."""
-    ss = np.einsum("...d,...d->...", x, x, dtype=np.float32)
-    return x / np.sqrt(ss + np.float32(eps))[..., None]
+@kernel(fastmath=True, cache=True)
+def _l2_heads(src, col0, H, d, eps, scale, out):
+    """out[t, h] = scale · x / sqrt(sum(x²) + eps) for x = src[t, col0 + h·d : col0 + (h+1)·d]:
+    straight from the conv output's columns (a (T, H, d) view of them is not C-contiguous, and
+    numba does not vectorise strided rows)."""
+    for th in prange(out.shape[0] * H):
+        t = th // H
+        h = th % H
+        base = col0 + h * d
+        ss = np.float32(0.0)
+        for i in range(d):
+            v = src[t, base + i]
+            ss += v * v
+        inv = scale / np.sqrt(ss + eps)
+        for i in range(d):
+            out[t, h, i] = src[t, base + i] * inv
+
+
+def l2_normalize(x: np.ndarray, eps: float, scale: float = 1.0, *, col0: int = 0,
+                 heads: int | None = None, d: int | None = None) -> np.ndarray:
+    """scale · x / sqrt(sum(x²) + eps) over each head's d values (llama.cpp's gdn l2 norm).
+
+    x (..., d), or with `heads`/`d`/`col0` a (T, C) matrix whose columns col0 .. col0 + heads·d
+    hold the heads; returns (T, heads, d)."""
+    if heads is None:
+        d = x.shape[-1]
+        shape = x.shape
+        src = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, d)
+        out = np.empty((src.shape[0], 1, d), dtype=np.float32)
+        _l2_heads(src.size, src, 0, 1, d, np.float32(eps), np.float32(scale), out)
+        return out.reshape(shape)
+    src = np.ascontiguousarray(x, dtype=np.float32)
+    out = np.empty((src.shape[0], heads, d), dtype=np.float32)
+    _l2_heads(out.size, src, col0, heads, d, np.float32(eps), np.float32(scale), out)
+    return out
 
 
 @njit(parallel=True, fastmath=True, cache=True)

@@ -18,7 +18,7 @@ from gguf import GGMLQuantizationType
 
 from engine.gguf_file import TensorView
 from engine.quant import formats, kernels
-from engine.quant.activations import round_activations
+from engine.quant.activations import activation_format, round_activations
 
 
 # Up to this many tokens, Q4_K/Q6_K/Q8_0 products run in the multi-token int8 kernel (each weight
@@ -33,15 +33,33 @@ SHORT_PREFILL = 64
 
 @dataclass
 class ScratchBuffer:
-    """One f32 buffer shared by every Linear of a model for prefill dequantization."""
+    """What every Linear of a model shares in a batched prefill: one f32 buffer for dequantized
+    weights, and the last input it rounded (activations.round_activations) with the result —
+    the projections that read one input (a DeltaNet's qkv, gate, beta, alpha; attention's q,
+    k, v; the FFN's gate and up) round it once, not once each (0.8B, 512 tokens: 57 ms of
+    rounding, 36 beta/alpha products of 16 rows at 0.4 ms each, mostly rounding). Keyed by the
+    input array itself: the model never writes into an activation it has multiplied."""
 
     data: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.float32))
+    _rounded_in: np.ndarray | None = None
+    _rounded_as: str = ""
+    _rounded: np.ndarray | None = None
 
     def take(self, rows: int, cols: int) -> np.ndarray:
         n = rows * cols
         if self.data.size < n:
             self.data = np.empty(n, dtype=np.float32)
         return self.data[:n].reshape(rows, cols)
+
+    def rounded(self, x: np.ndarray, weight_type) -> np.ndarray:
+        fmt = activation_format(weight_type)
+        if x is not self._rounded_in or fmt != self._rounded_as:
+            self._rounded_in, self._rounded_as, self._rounded = x, fmt, round_activations(x, weight_type)
+        return self._rounded
+
+    def forget(self) -> None:
+        """Drop the held input and its rounding (the end of a forward)."""
+        self._rounded_in = self._rounded = None
 
 
 class Linear:
@@ -82,7 +100,7 @@ class Linear:
         # ask before building the plan: for other formats it would prepare decode-only scales
         if x.shape[0] <= SHORT_PREFILL and self._multi_token:
             return self._matvec_plan().tokens(x)
-        x = round_activations(x, self.qtype)
+        x = self._scratch.rounded(x, self.qtype)
         w = self._scratch.take(self.out_features, self.in_features)
         kernels.dequantize_rows_into(self.qtype, self.raw, w)
         return x @ w.T

@@ -79,20 +79,40 @@ def test_causal_conv_carries_the_tail_across_calls():
     x = rng.standard_normal((9, 5)).astype(np.float32)
     w = rng.standard_normal((5, 4)).astype(np.float32)
     tail0 = np.zeros((3, 5), dtype=np.float32)
-    y_all, tail_all, (t4, t9) = deltanet.causal_conv1d(x, tail0, w, capture=[4, 9])
-    y1, t1, _ = deltanet.causal_conv1d(x[:4], tail0, w)
-    y2, t2, _ = deltanet.causal_conv1d(x[4:], t1, w)
+    y_all, tail_all, (t4, t9) = deltanet.causal_conv1d_silu(x, tail0, w, capture=[4, 9])
+    y1, t1, _ = deltanet.causal_conv1d_silu(x[:4], tail0, w)
+    y2, t2, _ = deltanet.causal_conv1d_silu(x[4:], t1, w)
     assert np.allclose(np.concatenate([y1, y2]), y_all, atol=1e-6)
     assert np.array_equal(t2, tail_all)
     assert np.array_equal(t4, t1) and np.array_equal(t9, tail_all)  # tails captured in one call
-    # position 0 sees only itself (zero history) times the last kernel tap
-    assert np.allclose(y_all[0], x[0] * w[:, 3], atol=1e-6)
+    # position 0 sees only itself (zero history) times the last kernel tap, then SiLU
+    z = x[0] * w[:, 3]
+    assert np.allclose(y_all[0], z / (1 + np.exp(-z)), atol=1e-6)
+    # every position against the definition: conv over [tail; x], then SiLU
+    xp = np.concatenate([tail0, x])
+    ref = np.stack([(xp[t:t + 4] * w.T).sum(axis=0) for t in range(9)])
+    assert np.allclose(y_all, ref / (1 + np.exp(-ref)), atol=1e-5)
+    # a non-zero tail is read as the history of position 0
+    tail1 = np.random.default_rng(2).standard_normal((3, 5)).astype(np.float32)
+    y, _, _ = deltanet.causal_conv1d_silu(x[:2], tail1, w)
+    z = (np.concatenate([tail1, x[:2]])[1:5] * w.T).sum(axis=0)
+    assert np.allclose(y[1], z / (1 + np.exp(-z)), atol=1e-5)
 
 
 def test_causal_conv_tail_does_not_keep_the_input_alive():
     # the tail is what the state carries between calls: it must own its (K-1, C) bytes, not be
     # a view into the (T + K - 1, C) padded input (measured: 217 MB held by a 0.8B model's state)
     x = np.ones((512, 64), np.float32)
-    _, tail, (at_9,) = deltanet.causal_conv1d(x, np.zeros((3, 64), np.float32), np.ones((64, 4), np.float32), [9])
+    _, tail, (at_9,) = deltanet.causal_conv1d_silu(x, np.zeros((3, 64), np.float32), np.ones((64, 4), np.float32), [9])
     assert tail.base is None and tail.nbytes == 3 * 64 * 4
     assert at_9.base is None and at_9.nbytes == 3 * 64 * 4
+
+
+def test_l2_normalize_reads_heads_from_matrix_columns():
+    rng = np.random.default_rng(4)
+    conv = rng.standard_normal((7, 3 * 2 * 8)).astype(np.float32)  # q | k | v, 2 heads of 8
+    ref = conv[:, 16:32].reshape(7, 2, 8)
+    ref = 0.5 * ref / np.sqrt((ref.astype(np.float64) ** 2).sum(-1, keepdims=True) + 1e-6)
+    got = deltanet.l2_normalize(conv, 1e-6, 0.5, col0=16, heads=2, d=8)
+    assert got.shape == (7, 2, 8) and np.abs(got - ref).max() < 1e-6
+    assert np.abs(deltanet.l2_normalize(conv[:, 16:32].reshape(7, 2, 8), 1e-6, 0.5) - ref).max() < 1e-6

@@ -211,3 +211,23 @@ def test_forward_capturing_returns_the_prefix_states_of_one_pass(model_factory, 
     assert state.max_abs_diff(whole) == 0
     with pytest.raises(ValueError, match="capture positions"):
         model.forward_capturing(ids[:3], model.new_state(), [4])
+
+
+def test_projections_of_one_input_round_it_once(model_factory, monkeypatch):
+    """A batched prefill rounds each layer input once for all the matrices that read it (qkv,
+    gate, beta, alpha / q, k, v / FFN gate, up) and once for each output projection: four
+    roundings per layer, not eight; and the logits are the same as rounding per matrix."""
+    from engine import weights
+
+    model = Qwen35(GGUFFile(model_factory("tiny", "Q4_K_M")))
+    ids = _ids(weights.SHORT_PREFILL + 36)  # past the multi-token kernels: dequantize + BLAS
+    calls = []
+    real = weights.round_activations
+    monkeypatch.setattr(weights, "round_activations", lambda x, t: calls.append(x.shape) or real(x, t))
+    shared = model.forward(ids, model.new_state(), logits="last")
+    assert len(calls) == 4 * model.config.n_layer, len(calls)
+    assert model.scratch._rounded is None  # nothing held past the forward
+    monkeypatch.setattr(weights.ScratchBuffer, "rounded", lambda self, x, t: real(x, t))
+    calls.clear()
+    each = model.forward(ids, model.new_state(), logits="last")
+    np.testing.assert_array_equal(shared, each)

@@ -269,6 +269,7 @@ class Qwen35:
             x = x + h
             if hook:
                 hook("l_out", il, x)
+        self.scratch.forget()
         state.n_tokens = start + tokens.size
         states = {p: State(p, [captured[il][c] if il in captured else layer.copy(p)
                                for il, layer in enumerate(state.layers)])
@@ -297,16 +298,13 @@ class Qwen35:
         z = w.gate(x)
         beta = sigmoid(w.beta(x))
         g = softplus(w.alpha(x) + w.dt_bias) * w.a  # log-decay per value head, ≤ 0
-        conv, st.conv, conv_at = deltanet.causal_conv1d(qkv, st.conv, w.conv, capture)
-        conv = silu(conv)
+        conv, st.conv, conv_at = deltanet.causal_conv1d_silu(qkv, st.conv, w.conv, capture)
         if hook:
             hook("conv_output_silu", il, conv)
-        kd = cfg.key_dim
-        q = conv[:, :kd].reshape(T, cfg.n_k_heads, cfg.d_state)
-        k = conv[:, kd:2 * kd].reshape(T, cfg.n_k_heads, cfg.d_state)
+        kd, hk, dk = cfg.key_dim, cfg.n_k_heads, cfg.d_state
+        q = deltanet.l2_normalize(conv, cfg.rms_eps, 1.0 / math.sqrt(dk), col0=0, heads=hk, d=dk)
+        k = deltanet.l2_normalize(conv, cfg.rms_eps, col0=kd, heads=hk, d=dk)
         v = conv[:, 2 * kd:].reshape(T, cfg.n_v_heads, cfg.d_state)
-        q = deltanet.l2_normalize(q, cfg.rms_eps) * np.float32(1.0 / math.sqrt(cfg.d_state))
-        k = deltanet.l2_normalize(k, cfg.rms_eps)
         if cfg.n_v_heads != cfg.n_k_heads:  # tiled: value head h reads key head h % n_k_heads
             reps = cfg.n_v_heads // cfg.n_k_heads
             q = np.tile(q, (1, reps, 1))

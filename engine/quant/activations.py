@@ -118,6 +118,16 @@ def _bf16(x: np.ndarray) -> np.ndarray:
     return rounded.view(np.float32)
 
 
+def activation_format(weight_type: Q) -> str:
+    """The rounding a product with a `weight_type` matrix applies to its activations: products
+    whose formats give the same name can share one rounded copy of their input."""
+    if weight_type in _Q8K:
+        return "q8_k"
+    if weight_type in _Q8_0:
+        return "q8_0"
+    return weight_type.name.lower()
+
+
 def round_activations(x: np.ndarray, weight_type: Q) -> np.ndarray:
     """x (T, in) f32 as the product with a `weight_type` matrix sees it in llama.cpp."""
     if weight_type in _Q8K:
