@@ -38,7 +38,7 @@ def run(model: str, threads: int, p: int, n: int, extra_pp: tuple[int, ...], tbt
         llm.eval(_ids(count, seed, vocab))
         return count / (time.perf_counter() - t)
 
-    pp(64, 99)
+    pp(p, 99)  # warm-up at the measured length, as llama-bench does (and engine.bench)
     out["pp_tokens"] = p
     out["pp_tok_s"] = round(max(pp(p, 1) for _ in range(repeat)), 2)
     for extra in extra_pp:
