@@ -112,6 +112,22 @@ def child(args) -> int:
     os._exit(0)
 
 
+def _wait_for(url: str, server: subprocess.Popen, timeout_s: float = 60.0) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"moto server exited with {server.returncode} before answering on {url}")
+        try:
+            urllib.request.urlopen(url, timeout=1).read()
+            return
+        except OSError:
+            time.sleep(0.2)
+    server.kill()
+    raise RuntimeError(f"moto server did not answer on {url} within {timeout_s:.0f} s")
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -134,12 +150,15 @@ def main(argv=None) -> int:
     server = None
     if args.s3:
         import boto3
-        from moto.server import ThreadedMotoServer
 
+        # moto in its own process, as S3 is another host: a ThreadedMotoServer in this process
+        # parsed the background PUTs of 33 MB snapshots under our GIL (numpy.arange calls took
+        # ~1 ms each beside it; case (b) 166-250 ms against 155-170 without an S3 tier)
         port = _free_port()
-        server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-        server.start()
+        server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         url = f"http://127.0.0.1:{port}"
+        _wait_for(url, server)
         creds = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
         env.update(creds, SNAPSHOT_S3_URI="s3://bench-snapshots/agent", SNAPSHOT_S3_ENDPOINT_URL=url)
         os.environ.update(creds)
@@ -187,7 +206,8 @@ def main(argv=None) -> int:
             out[k].pop("text", None)
     print(json.dumps(out, indent=1))
     if server is not None:
-        server.stop()
+        server.terminate()
+        server.wait(30)
     return 0
 
 
