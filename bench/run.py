@@ -83,6 +83,11 @@ def measure(model: Path, threads: int, p: int, n: int, env: dict, with_llama: bo
     common = ["--model", str(model), "-p", str(p), "-n", str(n), "--extra-pp", "2048", "--threads", str(threads),
               "--repeat", "1", "--json"]
     ours_runs, theirs_runs = [], []
+    # one discarded run first, so no measured process compiles kernels: a compiling process's
+    # RSS includes LLVM's (~190 MB: 20261201-082416 reported 1124 MB for Q4_K_M from the round
+    # that compiled after a source change, 929 MB for the warm one)
+    _py(["-m", "engine", "bench", "--model", str(model), "-p", "64", "-n", "4", "--threads", str(threads),
+         "--repeat", "1", "--json"], env)
     for _ in range(rounds):
         ours_runs.append(_py(["-m", "engine", "bench", *common], env))
         if with_llama:
