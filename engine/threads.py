@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import os
 import platform
+from collections.abc import Callable
 from dataclasses import dataclass
 
 # libgomp's spin before an idle numba thread sleeps, in loop iterations: a `pause` (~65-140
@@ -141,7 +142,7 @@ _controller = None
 _pool = None  # worker threads for split_over_threads, made on first use and kept (the warm process reuses them)
 
 
-def split_over_threads(fn, n_items: int) -> None:
+def split_over_threads(fn: Callable[[int, int], None], n_items: int) -> None:
     """Run ``fn(lo, hi)`` over contiguous parts of ``range(n_items)``, one part per configured
     thread (numba's count), each calling BLAS on one thread: for runs of many small products
     (the DeltaNet chunk loop, 16 heads of 64x128x128 per step). A BLAS pool of 2 threads paid a

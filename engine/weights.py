@@ -51,7 +51,7 @@ class ScratchBuffer:
             self.data = np.empty(n, dtype=np.float32)
         return self.data[:n].reshape(rows, cols)
 
-    def rounded(self, x: np.ndarray, weight_type) -> np.ndarray:
+    def rounded(self, x: np.ndarray, weight_type: GGMLQuantizationType) -> np.ndarray:
         fmt = activation_format(weight_type)
         if x is not self._rounded_in or fmt != self._rounded_as:
             self._rounded_in, self._rounded_as, self._rounded = x, fmt, round_activations(x, weight_type)
