@@ -140,6 +140,7 @@ def configure(threads: int | None = None) -> ThreadConfig:
 
 _controller = None
 _pool = None  # worker threads for split_over_threads, made on first use and kept (the warm process reuses them)
+_pool_size = 0
 
 
 def split_over_threads(fn: Callable[[int, int], None], n_items: int) -> None:
@@ -149,7 +150,7 @@ def split_over_threads(fn: Callable[[int, int], None], n_items: int) -> None:
     hand-off per product (180 ms vs 27-47 ms per 512-token layer on one thread); one thread left
     the second core idle; two Python threads of 8 heads each (numpy releases the GIL in matmul)
     measured 3.1 vs 5.9 ms for a 512-token chunk loop of the 0.8B model (AVX-512 host, 2 cores)."""
-    global _controller, _pool
+    global _controller, _pool, _pool_size
     import numba
 
     parts = max(1, min(numba.get_num_threads(), n_items))
@@ -162,10 +163,11 @@ def split_over_threads(fn: Callable[[int, int], None], n_items: int) -> None:
         if parts == 1:
             fn(0, n_items)
             return
-        if _pool is None or _pool._max_workers < parts - 1:
+        if _pool_size < parts - 1:
             from concurrent.futures import ThreadPoolExecutor
 
             _pool = ThreadPoolExecutor(max_workers=parts - 1, thread_name_prefix="warmllm-split")
+            _pool_size = parts - 1
         futures = [_pool.submit(fn, lo, hi) for lo, hi in bounds[1:]]
         fn(*bounds[0])
         for f in futures:

@@ -110,7 +110,7 @@ class DeltaNetWeights:
     gate: Linear  # z
     beta: Linear
     alpha: Linear
-    conv: np.ndarray  # (conv_dim, kernel)
+    conv: np.ndarray  # (conv_dim, kernel), F-ordered (see Qwen35.__init__)
     dt_bias: np.ndarray  # (n_v_heads,)
     a: np.ndarray  # (n_v_heads,) = -exp(A_log)
     norm: np.ndarray  # (d_v,)
@@ -174,7 +174,10 @@ class Qwen35:
                     gate=lin(b + "attn_gate.weight", cfg.value_dim, E),
                     beta=lin(b + "ssm_beta.weight", cfg.n_v_heads, E),
                     alpha=lin(b + "ssm_alpha.weight", cfg.n_v_heads, E),
-                    conv=vec(b + "ssm_conv1d.weight", (cfg.conv_dim, cfg.conv_kernel)),
+                    # kept as the transpose of a C-contiguous (kernel, conv_dim) array: the conv
+                    # kernel reads taps by row, and a per-call transposed copy cost every layer
+                    # of every decode step
+                    conv=np.ascontiguousarray(vec(b + "ssm_conv1d.weight", (cfg.conv_dim, cfg.conv_kernel)).T).T,
                     dt_bias=vec(b + "ssm_dt.bias", (cfg.n_v_heads,)),
                     a=vec(b + "ssm_a", (cfg.n_v_heads,)),
                     norm=vec(b + "ssm_norm.weight", (cfg.d_state,)),
