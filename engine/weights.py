@@ -1,9 +1,13 @@
 """A weight matrix in its stored format and the one way the model multiplies by it.
 
 `Linear(x)` with x of shape (T, in): T == 1 runs the quantized matrix-vector kernel (decode
-reads each weight byte once; Q4_K/Q6_K/Q8_0 in int8 arithmetic on x86_64); a short T (a chat turn's
-suffix) of Q4_K/Q6_K/Q8_0 runs the multi-token int8 kernel; otherwise the whole matrix is dequantized
-into a reused f32 buffer and BLAS does `X @ W.T` (faster than the int8 kernel from T ~ 64-96 on, see SHORT_PREFILL).
+reads each weight byte once; Q4_K/Q6_K/Q8_0 in int8 arithmetic on x86_64). T > 1 of Q4_K/Q6_K
+on an AVX-512 host runs the multi-token int8 kernel at every length (512-bit
+`pmaddubsw`/`pmaddwd` tiles, faster than dequantize + fp32 BLAS from T = 2 to 512 and beyond,
+`kernels.has_int8_prefill`); a short T (a chat turn's suffix) of Q4_K/Q6_K/Q8_0 elsewhere on
+x86_64 runs it too; otherwise the whole matrix is dequantized into a reused f32 buffer and
+BLAS does `X @ W.T` (the other formats, longer prompts, and arm64, where the integer kernels
+do not run).
 F32 weights are used straight from the mmap in both cases. Where the float kernels run (arm64)
 the Q8_0 and Q6_K decode kernels take per-block scales decoded once into f32
 (`kernels.prepare`), made lazily on the first T == 1 call and kept beside the mmap'd bytes
@@ -12,17 +16,18 @@ the Q8_0 and Q6_K decode kernels take per-block scales decoded once into f32
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import numpy as np
 from gguf import GGMLQuantizationType
 
 from engine.gguf_file import TensorView
 from engine.quant import formats, kernels
-from engine.quant.activations import activation_format, round_activations
+from engine.quant.activations import Q8KTokens, activation_format, quantize_q8_k_tokens, round_activations
 
 
-# Up to this many tokens, Q4_K/Q6_K/Q8_0 products run in the multi-token int8 kernel (each weight
-# block unpacked once per 4 tokens) instead of dequantize + BLAS, whose cost is mostly fixed
+# Up to this many tokens, Q8_0 products run in the multi-token int8 kernel (each weight block
+# unpacked once per 4 tokens) instead of dequantize + BLAS, whose cost is mostly fixed
 # (the whole matrix decoded to f32). Measured on whole forwards after a 504-token prefix (0.8B,
 # 2 threads, both paths alternating in one process, min of 3, ms): Q4_K_M T=32 734 vs 1057,
 # T=48 1042 vs 1193, T=64 1261 vs 1392, T=96 1759 vs 1656; Q8_0 T=32 946 vs 1175, T=64 1477 vs
@@ -34,16 +39,17 @@ SHORT_PREFILL = 64
 @dataclass
 class ScratchBuffer:
     """What every Linear of a model shares in a batched prefill: one f32 buffer for dequantized
-    weights, and the last input it rounded (activations.round_activations) with the result —
+    weights, and the last input it prepared for a product (rounded as
+    activations.round_activations, or quantized to Q8_K for the int8 kernels) with the result —
     the projections that read one input (a DeltaNet's qkv, gate, beta, alpha; attention's q,
-    k, v; the FFN's gate and up) round it once, not once each (0.8B, 512 tokens: 57 ms of
+    k, v; the FFN's gate and up) prepare it once, not once each (0.8B, 512 tokens: 57 ms of
     rounding, 36 beta/alpha products of 16 rows at 0.4 ms each, mostly rounding). Keyed by the
     input array itself: the model never writes into an activation it has multiplied."""
 
     data: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.float32))
-    _rounded_in: np.ndarray | None = None
-    _rounded_as: str = ""
-    _rounded: np.ndarray | None = None
+    _prepared_in: np.ndarray | None = None
+    _prepared_as: str = ""
+    _prepared: Any = None
 
     def take(self, rows: int, cols: int) -> np.ndarray:
         n = rows * cols
@@ -51,15 +57,20 @@ class ScratchBuffer:
             self.data = np.empty(n, dtype=np.float32)
         return self.data[:n].reshape(rows, cols)
 
+    def _memo(self, x: np.ndarray, key: str, make: Callable[[], Any]) -> Any:
+        if x is not self._prepared_in or key != self._prepared_as:
+            self._prepared_in, self._prepared_as, self._prepared = x, key, make()
+        return self._prepared
+
     def rounded(self, x: np.ndarray, weight_type: GGMLQuantizationType) -> np.ndarray:
-        fmt = activation_format(weight_type)
-        if x is not self._rounded_in or fmt != self._rounded_as:
-            self._rounded_in, self._rounded_as, self._rounded = x, fmt, round_activations(x, weight_type)
-        return self._rounded
+        return self._memo(x, activation_format(weight_type), lambda: round_activations(x, weight_type))
+
+    def q8k_tokens(self, x: np.ndarray) -> Q8KTokens:
+        return self._memo(x, "q8_k tokens", lambda: quantize_q8_k_tokens(x, kernels.WIDE_TILE))
 
     def forget(self) -> None:
-        """Drop the held input and its rounding (the end of a forward)."""
-        self._rounded_in = self._rounded = None
+        """Drop the held input and its preparation (the end of a forward)."""
+        self._prepared_in = self._prepared = None
 
 
 class Linear:
@@ -76,6 +87,7 @@ class Linear:
         self._plan: kernels.MatvecPlan | None = None  # decode kernel + prepared scales, made on first T == 1
         # asked once: per call it cost ~9 ms of a 30-token forward (372 calls, platform.machine())
         self._multi_token = kernels.has_multi_token_kernel(view.qtype)
+        self._int8_prefill = kernels.has_int8_prefill(view.qtype)
         self._f32 = (
             view.data.view(np.float32).reshape(view.shape)
             if view.qtype == GGMLQuantizationType.F32 else None
@@ -98,6 +110,8 @@ class Linear:
             self._matvec_plan()(x[0], out[0])  # rounds the activations as llama.cpp does
             return out
         # ask before building the plan: for other formats it would prepare decode-only scales
+        if self._int8_prefill:
+            return self._matvec_plan().tokens_q8k(self._scratch.q8k_tokens(x))
         if x.shape[0] <= SHORT_PREFILL and self._multi_token:
             return self._matvec_plan().tokens(x)
         x = self._scratch.rounded(x, self.qtype)

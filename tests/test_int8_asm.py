@@ -50,3 +50,14 @@ def test_integer_row_kernels_use_the_x86_dot_instructions(qtype, tokens):
     asm = "\n".join(asm_of(_compiled(qtype, tokens)))
     missing = [op for op in EXPECTED[qtype] if f"\t{op}" not in asm]
     assert not missing, f"{qtype.name} x{tokens}: no {missing} in the kernel's assembly"
+
+
+@pytest.mark.skipif(not K._compiles_for_512_bit_integers(), reason="numba compiling for AVX-512BW")
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+def test_prefill_tiles_use_512_bit_registers(qtype):
+    # the K-format tiles are written as <64 x i8> so that one instruction covers two runs of 32
+    # weights; where that is lost (a concatenated operand, a target that prefers 256 bits) the
+    # prefill GEMM falls back to 256-bit code at ~0.6x the speed and nothing functional fails
+    asm = "\n".join(asm_of(_compiled(qtype, 5)))
+    wide = [line for line in asm.splitlines() if "vpmaddubsw" in line and "zmm" in line]
+    assert wide, f"{qtype.name}: no vpmaddubsw on zmm registers in the tile kernel"

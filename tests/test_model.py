@@ -4,6 +4,7 @@ import platform
 
 import numpy as np
 import pytest
+from gguf import GGMLQuantizationType
 
 from engine import deltanet, weights
 from engine.gguf_file import GGUFFile
@@ -154,18 +155,22 @@ def test_tied_and_untied_heads(model_factory):
 
 
 @pytest.mark.skipif(platform.machine() not in kernels.INT8_MACHINES, reason="the int8 kernels run on x86_64")
-@pytest.mark.parametrize("weights_type", ["Q4_K_M", "Q8_0"])
-def test_short_prefill_runs_the_int8_kernels(model_factory, monkeypatch, weights_type):
-    # a chat turn's suffix (<= SHORT_PREFILL tokens) of a Q4_K_M or Q8_0 model never decodes a
-    # whole matrix to f32, and gives what the dequantize + BLAS path gives
-    model = Qwen35(GGUFFile(model_factory("tiny", weights_type)))
-    ids = _ids(weights.SHORT_PREFILL, seed=4)
-    monkeypatch.setattr(weights, "SHORT_PREFILL", 0)
-    via_blas = model.forward(ids, model.new_state(), logits="all")
+@pytest.mark.parametrize("weights_type,n_tokens", [("Q4_K_M", 5), ("Q4_K_M", 101), ("Q8_0", 64)])
+def test_batched_prefill_runs_the_int8_kernels(model_factory, monkeypatch, weights_type, n_tokens):
+    # a chat turn's suffix (<= SHORT_PREFILL tokens) of a Q4_K_M or Q8_0 model, and a Q4_K_M
+    # prefill of any length where the 512-bit tiles compile, never decodes a whole matrix to
+    # f32, and gives what dequantize + BLAS gives
+    if n_tokens > weights.SHORT_PREFILL and not kernels.has_int8_prefill(GGMLQuantizationType.Q4_K):
+        pytest.skip("longer prompts take dequantize + BLAS without AVX-512BW")
+    path = model_factory("tiny", weights_type)
+    ids = _ids(n_tokens, seed=4)
+    monkeypatch.setattr(kernels, "has_multi_token_kernel", lambda qtype: False)
+    via_blas = Qwen35(GGUFFile(path)).forward(ids, Qwen35(GGUFFile(path)).new_state(), logits="all")
     monkeypatch.undo()
+    model = Qwen35(GGUFFile(path))
 
     def forbidden(*a, **k):
-        raise AssertionError("a short prefill dequantized a quantized matrix")
+        raise AssertionError("a batched prefill dequantized a quantized matrix")
 
     monkeypatch.setattr(kernels, "dequantize_rows_into", forbidden)
     via_int8 = model.forward(ids, model.new_state(), logits="all")
@@ -181,8 +186,9 @@ def test_short_prefill_runs_the_int8_kernels(model_factory, monkeypatch, weights
     state = model.new_state()
     for t in range(len(ids)):
         assert cosine(via_int8[t], model.forward(ids[t:t + 1], state, logits="last")) >= 0.999, t
-    with pytest.raises(AssertionError, match="dequantized"):  # longer prompts take the BLAS path
-        model.forward(_ids(weights.SHORT_PREFILL + 1, seed=4), model.new_state(), logits="last")
+    if not kernels.has_int8_prefill(GGMLQuantizationType.Q4_K if weights_type == "Q4_K_M" else GGMLQuantizationType.Q8_0):
+        with pytest.raises(AssertionError, match="dequantized"):  # longer prompts take BLAS
+            model.forward(_ids(weights.SHORT_PREFILL + 1, seed=4), model.new_state(), logits="last")
 
 
 @pytest.mark.parametrize("n_tokens", [40, 200])  # the recurrence and the chunked DeltaNet
@@ -213,21 +219,26 @@ def test_forward_capturing_returns_the_prefix_states_of_one_pass(model_factory, 
         model.forward_capturing(ids[:3], model.new_state(), [4])
 
 
-def test_projections_of_one_input_round_it_once(model_factory, monkeypatch):
-    """A batched prefill rounds each layer input once for all the matrices that read it (qkv,
-    gate, beta, alpha / q, k, v / FFN gate, up) and once for each output projection: four
-    roundings per layer, not eight; and the logits are the same as rounding per matrix."""
+@pytest.mark.parametrize("weights_type", ["Q4_K_M", "Q8_0"])
+def test_projections_of_one_input_round_it_once(model_factory, monkeypatch, weights_type):
+    """A batched prefill rounds (Q8_0 past SHORT_PREFILL: dequantize + BLAS) or quantizes (the
+    K formats' int8 kernels) each layer input once for all the matrices that read it (qkv,
+    gate, beta, alpha / q, k, v / FFN gate, up) and once for each output projection: four per
+    layer, not eight; and the logits are the same as preparing it per matrix."""
     from engine import weights
 
-    model = Qwen35(GGUFFile(model_factory("tiny", "Q4_K_M")))
-    ids = _ids(weights.SHORT_PREFILL + 36)  # past the multi-token kernels: dequantize + BLAS
+    model = Qwen35(GGUFFile(model_factory("tiny", weights_type)))
+    ids = _ids(weights.SHORT_PREFILL + 36)
+    int8 = weights_type == "Q4_K_M" and kernels.has_int8_prefill(GGMLQuantizationType.Q4_K)
+    prepare = "quantize_q8_k_tokens" if int8 else "round_activations"
     calls = []
-    real = weights.round_activations
-    monkeypatch.setattr(weights, "round_activations", lambda x, t: calls.append(x.shape) or real(x, t))
+    real = getattr(weights, prepare)
+    monkeypatch.setattr(weights, prepare, lambda x, t: calls.append(x.shape) or real(x, t))
     shared = model.forward(ids, model.new_state(), logits="last")
     assert len(calls) == 4 * model.config.n_layer, len(calls)
-    assert model.scratch._rounded is None  # nothing held past the forward
-    monkeypatch.setattr(weights.ScratchBuffer, "rounded", lambda self, x, t: real(x, t))
+    assert model.scratch._prepared is None  # nothing held past the forward
+    monkeypatch.setattr(weights.ScratchBuffer, "_memo", lambda self, x, key, make: make())
     calls.clear()
     each = model.forward(ids, model.new_state(), logits="last")
+    assert len(calls) > 4 * model.config.n_layer, len(calls)
     np.testing.assert_array_equal(shared, each)

@@ -139,11 +139,12 @@ def test_bench_matvec_reports_positive_rate():
 
 
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0], ids=lambda t: t.name)
-@pytest.mark.parametrize("tokens", [2, 5, 8])
-def test_multi_token_int8_kernel(qtype, tokens, int8_here):
-    # several tokens per weight block (TILE = 4, padding when T is not a multiple): each row of
-    # the result is what the single-token kernel computes for that token
-    rows, cols = 19, 1024
+@pytest.mark.parametrize("tokens,cols", [(2, 1024), (5, 1024), (8, 1024), (67, 256)])
+def test_multi_token_int8_kernel(qtype, tokens, cols, int8_here):
+    # several tokens per weight block (TILE / WIDE_TILE = 4, padding when T is not a multiple,
+    # rows not a multiple of the kernel's row chunk): the exact product of the rounded
+    # activations and the weights, to float32 accumulation
+    rows = 19
     raw = _random_blocks(qtype, rows, cols, 7)
     W = F.dequantize(raw, qtype, (rows, cols)).astype(np.float64)
     x = np.random.default_rng(tokens).standard_normal((tokens, cols), dtype=np.float32)
@@ -153,6 +154,36 @@ def test_multi_token_int8_kernel(qtype, tokens, int8_here):
     xr = round_activations(x, qtype).astype(np.float64)
     scale = np.abs(xr) @ np.abs(W).T
     assert np.all(np.abs(y - xr @ W.T) <= RTOL * scale), np.max(np.abs(y - xr @ W.T) / scale)
+
+
+def test_q8_k_tokens_are_quantize_q8_k_per_token_padded_with_zeros():
+    from engine.quant.activations import quantize_q8_k, quantize_q8_k_tokens
+
+    x = np.random.default_rng(3).standard_normal((5, 512)).astype(np.float32)
+    x[1, :256] = 0.0
+    a = quantize_q8_k_tokens(x, 4)
+    assert a.tokens == 5 and a.padded == 8
+    q, d, sums = np.empty(x.size, np.int8), np.empty(x.size // 256, np.float32), np.empty(x.size // 16, np.int16)
+    quantize_q8_k(x.reshape(-1), q, d, sums)
+    np.testing.assert_array_equal(a.q[:x.size], q)
+    np.testing.assert_array_equal(a.d[:d.size], d)
+    np.testing.assert_array_equal(a.sums16[:sums.size], sums)
+    assert not a.q[x.size:].any() and not a.d[d.size:].any() and not a.scaled_sums32[5:].any()
+    sums32 = q.reshape(5, 16, 32).astype(np.int64).sum(-1)  # 16 runs of 32 per token
+    np.testing.assert_allclose(a.scaled_sums32[:5], sums32 * np.repeat(d.reshape(5, 2), 8, axis=1), rtol=1e-6)
+    with pytest.raises(ValueError, match="multiple of 256"):
+        quantize_q8_k_tokens(np.zeros((2, 100), np.float32), 4)
+
+
+def test_multi_token_kernel_checks_its_activations(int8_here):
+    from engine.quant.activations import quantize_q8_k_tokens
+
+    raw = _random_blocks(T.Q4_K, 8, 512, 1)
+    plan = K.MatvecPlan(T.Q4_K, raw, 8, 512)
+    with pytest.raises(ValueError, match="this matrix takes 512 per token"):
+        plan.tokens_q8k(quantize_q8_k_tokens(np.zeros((3, 256), np.float32), K.WIDE_TILE))
+    with pytest.raises(ValueError, match="multiple of 4"):
+        plan.tokens_q8k(quantize_q8_k_tokens(np.zeros((3, 512), np.float32), 3))
 
 
 def test_multi_token_kernel_is_refused_where_there_is_none():

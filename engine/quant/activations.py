@@ -9,6 +9,8 @@ our Q4_K_M logits and llama.cpp's; with it the only difference left is summation
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 from numba import njit, prange
@@ -49,21 +51,69 @@ def _q8_k_blocks(b, out):
             out[i, j] = _q8_k_value(b[i, j], iscale) * d
 
 
+@njit(inline="always", cache=True)
+def _q8_k_block(x, i, q, d, sums16):
+    """Block i (x[256i:256i+256]) -> q, its scale d[i] and its 16 sums (rounding of `_q8_k_blocks`)."""
+    blk = x[i * 256:(i + 1) * 256]
+    iscale = _q8_k_iscale(blk)
+    d[i] = np.float32(0.0) if iscale == 0 else np.float32(1.0) / iscale
+    for g in range(16):
+        acc = 0
+        for l in range(16):
+            v = np.int32(_q8_k_value(blk[16 * g + l], iscale))
+            q[i * 256 + 16 * g + l] = v
+            acc += v
+        sums16[i * 16 + g] = acc
+
+
 @njit(cache=True)
 def quantize_q8_k(x, q, d, sums16):
     """x (n,) f32 -> q (n,) int8, d (n/256,) f32 scales, sums16 (n/16,) int16 sums of q: the
     Q8_K block llama.cpp's K-format dot products take (same rounding as `_q8_k_blocks`)."""
     for i in range(x.shape[0] // 256):
-        blk = x[i * 256:(i + 1) * 256]
-        iscale = _q8_k_iscale(blk)
-        d[i] = np.float32(0.0) if iscale == 0 else np.float32(1.0) / iscale
-        for g in range(16):
-            acc = 0
-            for l in range(16):
-                v = np.int32(_q8_k_value(blk[16 * g + l], iscale))
-                q[i * 256 + 16 * g + l] = v
-                acc += v
-            sums16[i * 16 + g] = acc
+        _q8_k_block(x, i, q, d, sums16)
+
+
+@njit(parallel=True, cache=True)
+def _quantize_q8_k_tokens(x, q, d, sums16, scaled_sums32):
+    for i in prange(x.shape[0] // 256):
+        _q8_k_block(x, i, q, d, sums16)
+        for j in range(8):
+            scaled_sums32[i * 8 + j] = d[i] * np.float32(sums16[i * 16 + 2 * j] + sums16[i * 16 + 2 * j + 1])
+
+
+@dataclass
+class Q8KTokens:
+    """T tokens of activations quantized to Q8_K for the multi-token K-format kernels, padded
+    with zero tokens to `padded` (a multiple of the kernel's token tile). Flat arrays, token-major:
+    q int8 (padded * cols), d f32 block scales (padded * cols/256), sums16 int16 sums per 16
+    values (padded * cols/16), and scaled_sums32 (padded, cols/32) f32 = d * the sums per 32
+    values, the activations' side of the Q4_K mins (a small float product, kernels.py)."""
+
+    q: np.ndarray
+    d: np.ndarray
+    sums16: np.ndarray
+    scaled_sums32: np.ndarray
+    tokens: int
+
+    @property
+    def padded(self) -> int:
+        return self.scaled_sums32.shape[0]
+
+
+def quantize_q8_k_tokens(x: np.ndarray, tile: int) -> Q8KTokens:
+    """x (T, cols) f32, cols a multiple of 256 -> Q8KTokens padded to a multiple of `tile`."""
+    t, cols = x.shape
+    if cols % 256:
+        raise ValueError(f"Q8_K activations need a multiple of 256 values per token, got {cols}")
+    tp = -(-t // tile) * tile
+    flat = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    q = np.zeros(tp * cols, np.int8)
+    d = np.zeros(tp * cols // 256, np.float32)
+    sums16 = np.zeros(tp * cols // 16, np.int16)
+    scaled = np.zeros((tp, cols // 32), np.float32)
+    _quantize_q8_k_tokens(flat, q, d, sums16, scaled.reshape(-1))
+    return Q8KTokens(q, d, sums16, scaled, t)
 
 
 @njit(inline="always", cache=True)

@@ -85,6 +85,7 @@ class _Args:
         self.context, self.builder, self.sig, self.args = context, builder, sig, args
         knobs = args[-1]
         b = builder
+        self.mask4_scalar, self.mask2_scalar = knobs, b.lshr(knobs, ir.Constant(knobs.type, 16))
         self.mask4 = _splat(b, knobs, I8, 32)
         self.shift4_scalar = b.and_(b.lshr(knobs, ir.Constant(knobs.type, 8)), ir.Constant(knobs.type, 255))
         self.shift4 = _splat(b, self.shift4_scalar, I8, 32)
@@ -279,16 +280,16 @@ class _Row:
         return _half_at(self.context, self.b, self.aty["row"], self.arg["row"], index)
 
 
-def _row_codegen(names, ntok: int, block):
+def _row_codegen(names, ntok: int, block, lanes: int = 8):
     """Codegen of a row intrinsic: `block(row, a, i, accs)` adds block i of the row times each
-    token's activations into the tokens' <8 x float> accumulators (allocas); after the last
+    token's activations into the tokens' <lanes x float> accumulators (allocas); after the last
     block, one horizontal sum per token (returned for one token, else stored to `res`)."""
     def codegen(context, builder, signature, args):
         b = builder
         row = _Row(context, b, signature, args, names, ntok)
         a = _Args(context, b, signature, args) if "knobs" in names else None
-        v8f = _vec(F32, 8)
-        accs = [cgutils.alloca_once_value(b, ir.Constant(v8f, [0.0] * 8)) for _ in range(ntok)]
+        vf = _vec(F32, lanes)
+        accs = [cgutils.alloca_once_value(b, ir.Constant(vf, [0.0] * lanes)) for _ in range(ntok)]
         with cgutils.for_range(b, row.arg["nb"]) as loop:
             i = b.sext(loop.index, I64) if loop.index.type.width < 64 else loop.index
             block(row, a, i, accs)
@@ -303,9 +304,9 @@ def _row_codegen(names, ntok: int, block):
 
 
 def _accumulate(b, acc_ptr, isum, scale):
-    """acc += float(isum) * splat(scale), for an <8 x i32> isum."""
-    v8f = _vec(F32, 8)
-    b.store(_fma(b, b.sitofp(isum, v8f), _splat_f32(b, scale), b.load(acc_ptr)), acc_ptr)
+    """acc += float(isum) * splat(scale), for an <n x i32> isum and an <n x float> acc."""
+    n = isum.type.count
+    b.store(_fma(b, b.sitofp(isum, _vec(F32, n)), _splat_f32(b, scale, n), b.load(acc_ptr)), acc_ptr)
 
 
 def _k_block(kind: str):
@@ -357,6 +358,106 @@ def _q8_0_block(row, a, i, accs):
         _accumulate(b, accs[t], block_sums, b.fmul(d, xd))
 
 
+# ----------------------------------------------------------------------------- several tokens
+# Prefill (and a chat turn's suffix) with 64-byte vectors: on AVX-512 one `vpmaddubsw` and one
+# `vpdpwssd` cover two runs of 32 weights (llama.cpp's 2 multiplies per 64 MACs, against fp32
+# BLAS's 4 FMAs), the weight block is unpacked once for WIDE_TILE tokens. Where the registers
+# are 256 bits wide (AVX2, NEON) LLVM splits each operation in two, which is the row kernel's
+# code again. The two runs of a vector must come from one loaded vector: a <64 x i8> made as
+# concat(q & 15, q >> 4) lost the `pmaddubsw` match (vpmovsxbd + vpmaddwd, 2.5x slower), so the
+# 32 bytes are broadcast to both halves and shifted per 16-bit lane (vpsrlvw) by 0 | 4.
+# Measured (`python -m bench.kernels`-style, Q4_K 3584x1024, 2 threads, Zen 5): the 256-bit tile
+# 148 GMAC/s, this one 243 GMAC/s (T = 512), against dequantize + fp32 BLAS 225-238.
+WIDE_TILE = 4
+
+
+def _both_halves(b, v32, shifts):
+    """<32 x i8> v32 -> <64 x i8> [v32 >> shifts[0], v32 >> shifts[1]] (per-byte shifts done in
+    16-bit lanes: the caller masks away the bits that cross from the neighbouring byte)."""
+    v = b.shuffle_vector(v32, v32, ir.Constant(_vec(I32, 64), list(range(32)) * 2))
+    if shifts == (0, 0):
+        return v
+    amounts = ir.Constant(_vec(I16, 32), [shifts[0]] * 16 + [shifts[1]] * 16)
+    return b.bitcast(b.lshr(b.bitcast(v, _vec(I16, 32)), amounts), _vec(I8, 64))
+
+
+def _pair_sums_wide(b, a16, b16):
+    """<32 x i16> . <32 x i16> -> <16 x i32> sums of adjacent products (x86 `pmaddwd`)."""
+    wide = _vec(I32, 32)
+    products = b.mul(b.sext(a16, wide), b.sext(b16, wide))
+    return b.add(_lanes(b, products, range(0, 32, 2)), _lanes(b, products, range(1, 32, 2)))
+
+
+def _maddubs_wide(b, u8, s8):
+    """<64 x u8> . <64 x s8> -> <32 x i16> pair sums, saturated (the `pmaddubsw` form)."""
+    wide = _vec(I32, 32)
+    even = b.mul(b.zext(_lanes(b, u8, range(0, 64, 2)), wide), b.sext(_lanes(b, s8, range(0, 64, 2)), wide))
+    odd = b.mul(b.zext(_lanes(b, u8, range(1, 64, 2)), wide), b.sext(_lanes(b, s8, range(1, 64, 2)), wide))
+    s = b.add(even, odd)
+    s = b.call(_vector_fn(b.module, "llvm.smax", wide, 2), [s, ir.Constant(wide, [-32768] * 32)])
+    s = b.call(_vector_fn(b.module, "llvm.smin", wide, 2), [s, ir.Constant(wide, [32767] * 32)])
+    return b.trunc(s, _vec(I16, 32))
+
+
+def _widen8(b, v8):
+    """<8 x i32> -> <16 x i32> with zeros in the upper lanes."""
+    return b.shuffle_vector(v8, ir.Constant(v8.type, [0] * 8), ir.Constant(_vec(I32, 16), list(range(16))))
+
+
+def _k_block_wide(kind: str):
+    """Block body of the Q4_K / Q6_K tiles: four <64 x u8> weight vectors (runs 2c, 2c+1) and
+    their <32 x i16> scale vectors, then per token four `pmaddubsw` + `pmaddwd` into a <16 x i32>
+    block sum, scaled into the token's <16 x float> accumulator. Q4_K's mins are left out: the
+    caller subtracts them as one small float product for all blocks (kernels.py), which measured
+    ~20% faster than a float multiply-add per block and token here."""
+    def block(row, a, i, accs):
+        b = row.b
+        i64 = lambda v: ir.Constant(I64, v)  # noqa: E731
+        mask4 = _splat(b, a.mask4_scalar, I8, 64)
+        mask2 = _splat(b, a.mask2_scalar, I8, 64)
+        lanes32 = lambda m: ir.Constant(_vec(I32, 32), m)  # noqa: E731
+        quants, scales = [], []
+        if kind == "q4_k":
+            p = b.mul(i, i64(144))
+            _prefetch(row, p, 144)
+            words = [row.load("row", b.add(p, i64(k)), I32, align=1) for k in (4, 8, 12)]
+            packed = b.zext(_q4_k_scales_mins(b, *words), _vec(I16, 16))
+            for c in range(4):
+                q = row.load("row", b.add(p, i64(16 + 32 * c)), _vec(I8, 32), align=1)
+                quants.append(b.and_(_both_halves(b, q, (0, 4)), mask4))
+                scales.append(b.shuffle_vector(packed, packed, lanes32([2 * c] * 16 + [2 * c + 1] * 16)))
+            d = row.half(p)
+        else:
+            p = b.mul(i, i64(210))
+            _prefetch(row, p, 210)
+            sptr = _array_ptr(row.context, b, row.aty["row"], row.arg["row"], b.add(p, i64(192)), _vec(I8, 16))
+            all16 = b.sext(b.load(sptr, align=1), _vec(I16, 16))
+            four = _splat(b, a.shift4_scalar, I8, 64)
+            for h in range(2):
+                ql = row.load("row", b.add(p, i64(64 * h)), _vec(I8, 64), align=1)
+                qh = row.load("row", b.add(p, i64(128 + 32 * h)), _vec(I8, 32), align=1)
+                for k, low in enumerate((b.and_(ql, mask4), b.and_(b.lshr(ql, four), mask4))):
+                    high = b.and_(_both_halves(b, qh, (4 * k, 4 * k + 2)), mask2)
+                    quants.append(b.or_(low, b.shl(high, ir.Constant(_vec(I8, 64), [4] * 64))))
+                    r = 4 * h + 2 * k  # runs r, r + 1; run r has the scales 2r, 2r + 1
+                    scales.append(b.shuffle_vector(all16, all16, lanes32([2 * r + j // 8 for j in range(32)])))
+            offset = b.mul(all16, ir.Constant(_vec(I16, 16), [-32] * 16))  # the quants' -32, |.| <= 4096
+            d = row.half(b.add(p, i64(208)))
+        for t in range(row.ntok):
+            o = b.add(row.offset("xo", "xstride", t), b.mul(i, i64(256)))
+            isum = None
+            for c, (q, sv) in enumerate(zip(quants, scales)):
+                x = row.load("xq", b.add(o, i64(64 * c)), _vec(I8, 64), align=1)
+                part = _pair_sums_wide(b, _maddubs_wide(b, q, x), sv)
+                isum = part if isum is None else b.add(isum, part)
+            xd = row.load("xd", b.add(row.offset("do", "dstride", t), i), F32)
+            if kind == "q6_k":
+                sums = _sums16(a, row.ix["xs"], b.add(row.offset("so", "sstride", t), b.mul(i, i64(16))))
+                isum = b.add(isum, _widen8(b, _pair_sums(b, sums, offset)))
+            _accumulate(b, accs[t], isum, b.fmul(d, xd))
+    return block
+
+
 @intrinsic
 def q4_k_row_dot(typingctx, row, nb, xq, xd, xs, knobs):
     """The Q4_K row (nb blocks) times one token's Q8_K activations (xq int8, xd block scales, xs
@@ -372,17 +473,17 @@ def q6_k_row_dot(typingctx, row, nb, xq, xd, xs, knobs):
 
 @intrinsic
 def q4_k_row_dot_tile(typingctx, row, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res, knobs):
-    """res[t] = the Q4_K row times token t's activations for t < TILE: token t's values at
+    """res[t] = the Q4_K row times token t's activations for t < WIDE_TILE: token t's values at
     xq[xo + t*xstride:], block scales at xd[do + t*dstride:], sums at xs[so + t*sstride:]."""
     sig = types.void(row, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res, knobs)
-    return sig, _row_codegen(_K_TILE, TILE, _k_block("q4_k"))
+    return sig, _row_codegen(_K_TILE, WIDE_TILE, _k_block_wide("q4_k"), lanes=16)
 
 
 @intrinsic
 def q6_k_row_dot_tile(typingctx, row, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res, knobs):
     """`q4_k_row_dot_tile` for a Q6_K row."""
     sig = types.void(row, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res, knobs)
-    return sig, _row_codegen(_K_TILE, TILE, _k_block("q6_k"))
+    return sig, _row_codegen(_K_TILE, WIDE_TILE, _k_block_wide("q6_k"), lanes=16)
 
 
 @intrinsic

@@ -32,9 +32,9 @@ from numba import njit, prange
 from engine.jit import SERIAL_BELOW, serial_twin
 from engine.llvm_ops import bits_to_f32, half_bits_to_f32
 
-from .activations import quantize_q8_0, quantize_q8_k, round_activations
+from .activations import Q8KTokens, quantize_q8_0, quantize_q8_k, quantize_q8_k_tokens, round_activations
 from .formats import get_format, quantize, row_bytes
-from .int8_dot import (KNOBS, TILE, q4_k_row_dot, q4_k_row_dot_tile, q6_k_row_dot, q6_k_row_dot_tile, q8_0_row_dot,
+from .int8_dot import (KNOBS, TILE, WIDE_TILE, q4_k_row_dot, q4_k_row_dot_tile, q6_k_row_dot, q6_k_row_dot_tile, q8_0_row_dot,
                        q8_0_row_dot_tile)
 
 _F32 = np.float32
@@ -599,22 +599,36 @@ _ROW_CHUNK = 16
 
 @njit(**_MV)
 def _mm_k_q8k(w, xq, xd, xs16, out, knobs, q6):
+    # Q4_K: out holds the mins' product on entry (MatvecPlan.tokens_q8k) and the kernel subtracts
     tp = out.shape[0]
     nb = xd.shape[0] // tp
     cols = nb * 256
     rows = w.shape[0]
     for c in prange((rows + _ROW_CHUNK - 1) // _ROW_CHUNK):
-        res = np.empty(TILE, np.float32)
-        for t0 in range(0, tp, TILE):
+        res = np.empty(WIDE_TILE, np.float32)
+        for t0 in range(0, tp, WIDE_TILE):
             for r in range(c * _ROW_CHUNK, min(rows, (c + 1) * _ROW_CHUNK)):
                 if q6:
                     q6_k_row_dot_tile(w[r], nb, xq, t0 * cols, cols, xd, t0 * nb, nb,
                                       xs16, t0 * cols // 16, cols // 16, res, knobs)
+                    for t in range(WIDE_TILE):
+                        out[t0 + t, r] = res[t]
                 else:
                     q4_k_row_dot_tile(w[r], nb, xq, t0 * cols, cols, xd, t0 * nb, nb,
                                       xs16, t0 * cols // 16, cols // 16, res, knobs)
-                for t in range(TILE):
-                    out[t0 + t, r] = res[t]
+                    for t in range(WIDE_TILE):
+                        out[t0 + t, r] = res[t] - out[t0 + t, r]
+
+
+@njit(parallel=True, cache=True)
+def _q4_k_mins(w, nb, out):
+    """out[r, 8b + j] = dmin * min j of block b of row r (get_scale_min_k4's mins)."""
+    for r in prange(w.shape[0]):
+        for i in range(nb):
+            p = i * 144
+            dmin = _f16_at(w[r], p + 2)
+            for j in range(8):
+                out[r, 8 * i + j] = dmin * _scale_min_k4(w[r], p + 4, j)[1]
 
 
 @njit(**_MV)
@@ -728,6 +742,26 @@ def has_multi_token_kernel(qtype) -> bool:
     return get_format(qtype).qtype in _MULTI_TOKEN and has_int8_kernels(qtype)
 
 
+def _compiles_for_512_bit_integers() -> bool:
+    """Whether numba's target (NUMBA_CPU_FEATURES, else this host) has AVX-512BW: 64-byte
+    `pmaddubsw`/`pmaddwd`."""
+    from numba.core import config
+    features = config.CPU_FEATURES
+    if features is None:
+        import llvmlite.binding as llvm
+        features = llvm.get_host_cpu_features().flatten()
+    return "+avx512bw" in features.split(",")
+
+
+def has_int8_prefill(qtype) -> bool:
+    """Whether a batched prefill of any length multiplies `qtype` in the multi-token int8 kernel
+    rather than dequantize + fp32 BLAS. Only the K formats' 512-bit tiles beat BLAS at every
+    length, and only where the registers are 512 bits wide (Zen 5, 3584x1024 Q4_K at T = 512:
+    268 vs 216 GMAC/s; compiled for AVX2 on the same host the tile ran 134 GMAC/s)."""
+    return (get_format(qtype).qtype in (T.Q4_K, T.Q6_K) and has_multi_token_kernel(qtype)
+            and _compiles_for_512_bit_integers())
+
+
 class MatvecPlan:
     """`plan(x, out)` = ``out[:] = W @ round_activations(x)`` (what llama.cpp computes) with
     everything about W (validation, view, prepared scales, kernel) settled once: decode calls it
@@ -759,9 +793,12 @@ class MatvecPlan:
 
     def tokens(self, x: np.ndarray) -> np.ndarray:
         """``x @ W.T`` for T tokens (x (T, cols) f32) with the multi-token int8 kernel: each weight
-        block is unpacked once per TILE tokens. Only where `has_multi_token_kernel`."""
+        block is unpacked once per TILE (K formats: WIDE_TILE) tokens. Only where
+        `has_multi_token_kernel`."""
         if not has_multi_token_kernel(self.qtype):
             raise ValueError(f"{self.qtype.name}: no multi-token integer kernel on {platform.machine()}")
+        if self.qtype != T.Q8_0:
+            return self.tokens_q8k(quantize_q8_k_tokens(x, WIDE_TILE))
         t = x.shape[0]
         tp = -(-t // TILE) * TILE
         cols = self.cols
@@ -769,18 +806,29 @@ class MatvecPlan:
         out = np.empty((tp, self.rows), np.float32)
         # padding tokens stay zero (their results are dropped); blocks never straddle tokens
         # (cols is a multiple of the block), so all tokens quantize in one call
-        if self.qtype == T.Q8_0:
-            xq16 = np.zeros(tp * cols, np.int16)
-            xd = np.zeros(tp * cols // 32, np.float32)
-            quantize_q8_0(flat, xq16[:t * cols], xd[:t * cols // 32])
-            _mm_q8_0_q8(self.w, xq16, xd, out)
-            return out[:t]
-        xq = np.zeros(tp * cols, np.int8)
-        xd = np.zeros(tp * cols // 256, np.float32)
-        xs16 = np.zeros(tp * cols // 16, np.int16)
-        quantize_q8_k(flat, xq[:t * cols], xd[:t * cols // 256], xs16[:t * cols // 16])
-        _mm_k_q8k(self.w, xq, xd, xs16, out, KNOBS, self.qtype == T.Q6_K)
+        xq16 = np.zeros(tp * cols, np.int16)
+        xd = np.zeros(tp * cols // 32, np.float32)
+        quantize_q8_0(flat, xq16[:t * cols], xd[:t * cols // 32])
+        _mm_q8_0_q8(self.w, xq16, xd, out)
         return out[:t]
+
+    def tokens_q8k(self, a: Q8KTokens) -> np.ndarray:
+        """`tokens` for a K format from activations already quantized (quantize_q8_k_tokens with
+        WIDE_TILE): the projections that read one input share its quantization."""
+        if a.padded % WIDE_TILE or a.q.size != a.padded * self.cols:
+            raise ValueError(f"activations of {a.q.size // max(a.padded, 1)} values per token padded to "
+                             f"{a.padded} tokens; this matrix takes {self.cols} per token, padded to a "
+                             f"multiple of {WIDE_TILE}")
+        out = np.empty((a.padded, self.rows), np.float32)
+        q6 = self.qtype == T.Q6_K
+        if not q6:
+            # sum over blocks b and runs j of (dmin_b m_bj) (d_b^x sums_bj^x): 1/32 of the
+            # product's multiply-adds, done by BLAS into `out`, which the kernel subtracts from
+            mins = np.empty((self.rows, self.cols // 32), np.float32)
+            _q4_k_mins(self.w, self.cols // 256, mins)
+            np.matmul(a.scaled_sums32, mins.T, out=out)
+        _mm_k_q8k(self.w, a.q, a.d, a.sums16, out, KNOBS, q6)
+        return out[:a.tokens]
 
     def __call__(self, x: np.ndarray, out: np.ndarray) -> None:
         if self.int8 and self.qtype == T.Q8_0:
