@@ -66,6 +66,10 @@ def causal_conv1d_silu(x: np.ndarray, tail: np.ndarray, w: np.ndarray,
     K1 = tail.shape[0]
     x = np.ascontiguousarray(x, dtype=np.float32)
     tail = np.ascontiguousarray(tail, dtype=np.float32)
+    if not tail.flags.writeable:
+        # a frozen snapshot's tail (State.fork): numba types a read-only array apart, and the
+        # first turn restored from memory compiled the kernel again for it (0.6 s of its TTFT)
+        tail = tail.copy()
     y = np.empty((T, x.shape[1]), dtype=np.float32)
     # decode (T == 1) runs serially: a parallel launch cost ~190 us of a 6144-channel step
     # w.T is a view, not a copy, when w is F-ordered (the model stores it so)

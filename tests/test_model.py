@@ -242,3 +242,38 @@ def test_projections_of_one_input_round_it_once(model_factory, monkeypatch, weig
     each = model.forward(ids, model.new_state(), logits="last")
     assert len(calls) > 4 * model.config.n_layer, len(calls)
     np.testing.assert_array_equal(shared, each)
+
+def _kernel_signatures() -> dict[str, int]:
+    """How many signatures every numba kernel of the engine has compiled so far."""
+    from numba.core.registry import CPUDispatcher
+
+    from engine import attention, ops
+    from engine.jit import Kernel
+    from engine.quant import activations
+
+    out = {}
+    for mod in (attention, deltanet, ops, activations, kernels):
+        for name, obj in vars(mod).items():
+            for d in (obj.parallel, obj.serial) if isinstance(obj, Kernel) else (obj,):
+                if isinstance(d, CPUDispatcher):
+                    out[f"{mod.__name__}.{d.py_func.__name__}"] = len(d.signatures)
+    return out
+
+
+@pytest.mark.parametrize("n_tokens", [1, 140])  # the serial and the parallel conv (140 x 512 channels)
+def test_continuing_a_frozen_snapshot_compiles_nothing_new(model_factory, n_tokens):
+    # numba types a read-only array apart from a writable one: a turn continuing from a state
+    # restored from memory (frozen, State.fork) compiled its own copy of a kernel in the
+    # middle of that turn (the conv with a frozen tail: 0.6 s of a 130 ms time to first token)
+    model = Qwen35(GGUFFile(model_factory("tiny", "Q4_K_M")))
+    ids = _ids(40 + n_tokens, seed=2)
+    state = model.new_state()
+    model.forward(ids[:40], state, logits="none")
+    frozen = state.copy().freeze()
+    live = state.copy()
+    expected = model.forward(ids[40:], live, logits="last")  # compiles what a live state needs
+    before = _kernel_signatures()
+    assert sum(before.values()) > 0
+    got = model.forward(ids[40:], frozen.fork(), logits="last")
+    assert _kernel_signatures() == before
+    np.testing.assert_array_equal(got, expected)
