@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -146,69 +147,79 @@ def main(argv=None) -> int:
         return child(args)
 
     work = tempfile.mkdtemp(prefix="agent-prefix-")
+    try:
+        return _measure(args, work)
+    finally:
+        # 26-36 MB per snapshot, ~320 MB per run: make bench left ~7 GB in /tmp over a day
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _measure(args, work: str) -> int:
     env = {**os.environ, "SNAPSHOT_DIR": os.path.join(work, "snapshots"), "SNAPSHOT_S3_URI": ""}
     server = None
-    if args.s3:
-        import boto3
+    try:
+        if args.s3:
+            import boto3
 
-        # moto in its own process, as S3 is another host: a ThreadedMotoServer in this process
-        # parsed the background PUTs of 33 MB snapshots under our GIL (numpy.arange calls took
-        # ~1 ms each beside it; case (b) 166-250 ms against 155-170 without an S3 tier)
-        port = _free_port()
-        server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        url = f"http://127.0.0.1:{port}"
-        _wait_for(url, server)
-        creds = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
-        env.update(creds, SNAPSHOT_S3_URI="s3://bench-snapshots/agent", SNAPSHOT_S3_ENDPOINT_URL=url)
-        os.environ.update(creds)
-        boto3.client("s3", endpoint_url=url).create_bucket(Bucket="bench-snapshots")
-    os.environ.update({k: env[k] for k in ("SNAPSHOT_DIR", "SNAPSHOT_S3_URI")})
-    if args.s3:
-        os.environ["SNAPSHOT_S3_ENDPOINT_URL"] = env["SNAPSHOT_S3_ENDPOINT_URL"]
+            # moto in its own process, as S3 is another host: a ThreadedMotoServer in this process
+            # parsed the background PUTs of 33 MB snapshots under our GIL (numpy.arange calls took
+            # ~1 ms each beside it; case (b) 166-250 ms against 155-170 without an S3 tier)
+            port = _free_port()
+            server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            url = f"http://127.0.0.1:{port}"
+            _wait_for(url, server)
+            creds = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
+            env.update(creds, SNAPSHOT_S3_URI="s3://bench-snapshots/agent", SNAPSHOT_S3_ENDPOINT_URL=url)
+            os.environ.update(creds)
+            boto3.client("s3", endpoint_url=url).create_bucket(Bucket="bench-snapshots")
+        os.environ.update({k: env[k] for k in ("SNAPSHOT_DIR", "SNAPSHOT_S3_URI")})
+        if args.s3:
+            os.environ["SNAPSHOT_S3_ENDPOINT_URL"] = env["SNAPSHOT_S3_ENDPOINT_URL"]
 
-    from engine.generate import Engine
+        from engine.generate import Engine
 
-    writes: list[dict] = []
-    eng = Engine.load(args.model)
-    eng.snapshots.log = lambda event, **f: writes.append({"event": event, **f})
-    msgs = _messages(eng, args.tokens)
-    out: dict = {"model": args.model, "threads": eng.threads}
-    out["turn1"] = _run(eng, msgs, REPLY_1)
-    turn2 = msgs + [{"role": "assistant", "content": "The p99 rose after the 09:12 deployment.",
-                     "reasoning_content": "I should look at the logs first."},
-                    {"role": "user", "content": USER_2}]
-    out["a"] = _run(eng, turn2)
-    out["b"] = _run(eng, [msgs[0], {"role": "user", "content": USER_B}])
-    t0 = time.perf_counter()
-    flushed = eng.flush_snapshots(600)
-    out["flush_ms"] = round((time.perf_counter() - t0) * 1e3, 1)
-    out["flushed"] = flushed
-    ok = [w for w in writes if w["event"] == "snapshot_write" and w.get("ok") and not w.get("skipped")]
-    out["snapshot_writes"] = [{k: w[k] for k in ("tier", "n_tokens", "bytes", "ms")} for w in ok]
-    cold_msgs = json.dumps([msgs[0], {"role": "user", "content": USER_C}])
-    tiers = [("c_dir", {"SNAPSHOT_S3_URI": ""})]
-    if args.s3:  # S3 only: an instance without the EFS mount
-        tiers.append(("c_s3", {"SNAPSHOT_DIR": ""}))
-    for name, extra in tiers:
-        p = subprocess.run([sys.executable, "-m", "bench.agent_prefix", "--model", args.model, "--child",
-                            "--messages", cold_msgs], env={**env, **extra}, capture_output=True, text=True,
-                           timeout=3600)
-        line = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
-        out[name] = json.loads(line[0][7:]) if line else {"error": p.stderr[-2000:]}
-    base = out["turn1"]["ttft_ms"]
-    out["ratios"] = {k: round(out[k]["ttft_ms"] / base, 4) for k in ("a", "b", "c_dir", "c_s3")
-                     if k in out and "ttft_ms" in out[k]}
-    goals = {"a": 0.10, "b": 0.10, "c_dir": 0.25, "c_s3": 0.25}
-    out["goals_met"] = {k: v <= goals[k] for k, v in out["ratios"].items()}
-    for k in ("turn1", "a", "b", "c_dir", "c_s3"):
-        if k in out:
-            out[k].pop("text", None)
-    print(json.dumps(out, indent=1))
-    if server is not None:
-        server.terminate()
-        server.wait(30)
-    return 0
+        writes: list[dict] = []
+        eng = Engine.load(args.model)
+        eng.snapshots.log = lambda event, **f: writes.append({"event": event, **f})
+        msgs = _messages(eng, args.tokens)
+        out: dict = {"model": args.model, "threads": eng.threads}
+        out["turn1"] = _run(eng, msgs, REPLY_1)
+        turn2 = msgs + [{"role": "assistant", "content": "The p99 rose after the 09:12 deployment.",
+                         "reasoning_content": "I should look at the logs first."},
+                        {"role": "user", "content": USER_2}]
+        out["a"] = _run(eng, turn2)
+        out["b"] = _run(eng, [msgs[0], {"role": "user", "content": USER_B}])
+        t0 = time.perf_counter()
+        flushed = eng.flush_snapshots(600)
+        out["flush_ms"] = round((time.perf_counter() - t0) * 1e3, 1)
+        out["flushed"] = flushed
+        ok = [w for w in writes if w["event"] == "snapshot_write" and w.get("ok") and not w.get("skipped")]
+        out["snapshot_writes"] = [{k: w[k] for k in ("tier", "n_tokens", "bytes", "ms")} for w in ok]
+        cold_msgs = json.dumps([msgs[0], {"role": "user", "content": USER_C}])
+        tiers = [("c_dir", {"SNAPSHOT_S3_URI": ""})]
+        if args.s3:  # S3 only: an instance without the EFS mount
+            tiers.append(("c_s3", {"SNAPSHOT_DIR": ""}))
+        for name, extra in tiers:
+            p = subprocess.run([sys.executable, "-m", "bench.agent_prefix", "--model", args.model, "--child",
+                                "--messages", cold_msgs], env={**env, **extra}, capture_output=True, text=True,
+                               timeout=3600)
+            line = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
+            out[name] = json.loads(line[0][7:]) if line else {"error": p.stderr[-2000:]}
+        base = out["turn1"]["ttft_ms"]
+        out["ratios"] = {k: round(out[k]["ttft_ms"] / base, 4) for k in ("a", "b", "c_dir", "c_s3")
+                         if k in out and "ttft_ms" in out[k]}
+        goals = {"a": 0.10, "b": 0.10, "c_dir": 0.25, "c_s3": 0.25}
+        out["goals_met"] = {k: v <= goals[k] for k, v in out["ratios"].items()}
+        for k in ("turn1", "a", "b", "c_dir", "c_s3"):
+            if k in out:
+                out[k].pop("text", None)
+        print(json.dumps(out, indent=1))
+        return 0
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(30)
 
 
 if __name__ == "__main__":

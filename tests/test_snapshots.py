@@ -334,6 +334,67 @@ def test_s3_hit_is_promoted_to_memory_and_directory(moto_s3, tmp_path):
     assert store(tmp_path, log=log).lookup(snap.tokens.tolist() + [1], [20]).tier == "efs"
 
 
+class _CountingGets:
+    """An S3 client whose get_object calls are recorded (their Range), passed through."""
+
+    def __init__(self, client):
+        self._client, self.ranges = client, []
+
+    def get_object(self, **kw):
+        self.ranges.append(kw.get("Range"))
+        return self._client.get_object(**kw)
+
+    def __getattr__(self, name):
+        return getattr(self._client, name)
+
+
+def test_s3_reads_a_snapshot_in_parallel_ranges(moto_s3, monkeypatch):
+    monkeypatch.setattr(S.S3Tier, "PART_BYTES", 1000)
+    log = Log()
+    snap = make_snap(40, logits=True)
+    data = bytes(S.serialize(snap, FP, key_of(snap)[1]))
+    client = _CountingGets(moto_s3)
+    tier = S.S3Tier("s3://snaps/ranged", FP, client=client)
+    tier.write(key_of(snap), data)
+    n_parts = -(-len(data) // 1000)
+    assert n_parts > 3
+    # after a HEAD (the store's lookup asks one first): every range at once
+    assert tier.existing([key_of(snap)]) == [key_of(snap)]
+    assert bytes(tier.read(key_of(snap))) == data
+    assert sorted(client.ranges, key=lambda r: int(r[6:].split("-")[0])) == [
+        f"bytes={lo}-{min(len(data), lo + 1000) - 1}" for lo in range(0, len(data), 1000)]
+    # without one: the first range tells the size, then the rest
+    client.ranges.clear()
+    assert bytes(tier.read(key_of(snap))) == data and len(client.ranges) == n_parts
+    assert client.ranges[0] == "bytes=0-999"
+    # and through the store, as a cold instance restores
+    st = store(memory_mb=0, s3_uri="s3://snaps/ranged", s3_client=client, log=log)
+    hit = st.lookup(snap.tokens.tolist(), [40])
+    assert hit.tier == "s3" and hit.snapshot.state.max_abs_diff(snap.state) == 0.0
+
+
+def test_s3_object_replaced_between_head_and_read_is_a_read_error_not_a_mixture(moto_s3, monkeypatch):
+    monkeypatch.setattr(S.S3Tier, "PART_BYTES", 1000)
+    snap = make_snap(40, logits=True)
+    tier = S.S3Tier("s3://snaps/race", FP, client=moto_s3)
+    tier.write(key_of(snap), S.serialize(snap, FP, key_of(snap)[1]))
+    assert tier.exists(key_of(snap))
+    tier.write(key_of(snap), S.serialize(make_snap(40, seed=5, logits=True), FP, key_of(snap)[1]))
+    with pytest.raises(Exception, match="PreconditionFailed|412"):
+        tier.read(key_of(snap))
+
+
+def test_s3_empty_object_is_ignored_and_deleted(moto_s3):
+    log = Log()
+    snap = make_snap(20, logits=True)
+    st = store(memory_mb=0, s3_uri="s3://snaps/empty", s3_client=moto_s3, log=log)
+    obj = f"empty/{FP}/{S.snapshot_name(key_of(snap))}"
+    moto_s3.put_object(Bucket="snaps", Key=obj, Body=b"")
+    assert st.lookup(snap.tokens.tolist(), [20]) is None
+    assert log.of("snapshot_ignored")[0]["reason"] == "truncated"
+    assert moto_s3.list_objects_v2(Bucket="snaps").get("KeyCount", 0) == 0
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
