@@ -38,6 +38,7 @@ def _version_the_kernel_cache() -> None:
     os.environ["NUMBA_CACHE_DIR"] = config.CACHE_DIR = os.path.join(base, tag)
 
 
+from engine.allocator import keep_freed_memory  # noqa: E402
 from engine.threads import apply_env_defaults  # noqa: E402  (no numpy in engine.threads)
 
 # First of all: OpenBLAS reads its environment once, when numpy loads it, and the cache
@@ -47,3 +48,4 @@ from engine.threads import apply_env_defaults  # noqa: E402  (no numpy in engine
 # one GEMM (0.00 s with the timeout applied).
 apply_env_defaults()
 _version_the_kernel_cache()
+keep_freed_memory()

@@ -72,3 +72,4 @@ def test_openblas_thread_timeout_is_set_before_numpy_loads(module, cache_dir, tm
     out = subprocess.run([sys.executable, "-c", code], cwd=root, env={**env, "OPENBLAS_THREAD_TIMEOUT": "9"},
                          capture_output=True, text=True, timeout=120)
     assert "TIMEOUT 9" in out.stdout, (out.stdout, out.stderr[-2000:])
+
