@@ -66,16 +66,17 @@ def _lanes(builder, v, idx):
 
 
 def _maddubs(builder, u8, s8):
-    """<32 x u8> . <32 x s8> -> <16 x i16> pair sums, saturated (the form `pmaddubsw` matches)."""
-    wide = _vec(I32, 16)
-    even = builder.mul(builder.zext(_lanes(builder, u8, range(0, 32, 2)), wide),
-                       builder.sext(_lanes(builder, s8, range(0, 32, 2)), wide))
-    odd = builder.mul(builder.zext(_lanes(builder, u8, range(1, 32, 2)), wide),
-                      builder.sext(_lanes(builder, s8, range(1, 32, 2)), wide))
+    """<2n x u8> . <2n x s8> -> <n x i16> pair sums, saturated (the form `pmaddubsw` matches)."""
+    n = u8.type.count // 2
+    wide = _vec(I32, n)
+    even = builder.mul(builder.zext(_lanes(builder, u8, range(0, 2 * n, 2)), wide),
+                       builder.sext(_lanes(builder, s8, range(0, 2 * n, 2)), wide))
+    odd = builder.mul(builder.zext(_lanes(builder, u8, range(1, 2 * n, 2)), wide),
+                      builder.sext(_lanes(builder, s8, range(1, 2 * n, 2)), wide))
     s = builder.add(even, odd)
-    s = builder.call(_vector_fn(builder.module, "llvm.smax", wide, 2), [s, ir.Constant(wide, [-32768] * 16)])
-    s = builder.call(_vector_fn(builder.module, "llvm.smin", wide, 2), [s, ir.Constant(wide, [32767] * 16)])
-    return builder.trunc(s, _vec(I16, 16))
+    s = builder.call(_vector_fn(builder.module, "llvm.smax", wide, 2), [s, ir.Constant(wide, [-32768] * n)])
+    s = builder.call(_vector_fn(builder.module, "llvm.smin", wide, 2), [s, ir.Constant(wide, [32767] * n)])
+    return builder.trunc(s, _vec(I16, n))
 
 
 class _Args:
@@ -237,10 +238,11 @@ def _sum_lanes_f32(builder, v):
 # block's scales into an <8 x float> carried across the row's blocks, one reduction per row.
 
 def _pair_sums(builder, a16, b16):
-    """<16 x i16> . <16 x i16> -> <8 x i32> sums of adjacent products."""
-    wide = _vec(I32, 16)
+    """<2n x i16> . <2n x i16> -> <n x i32> sums of adjacent products (x86 `pmaddwd`)."""
+    n = a16.type.count // 2
+    wide = _vec(I32, 2 * n)
     products = builder.mul(builder.sext(a16, wide), builder.sext(b16, wide))
-    return builder.add(_lanes(builder, products, range(0, 16, 2)), _lanes(builder, products, range(1, 16, 2)))
+    return builder.add(_lanes(builder, products, range(0, 2 * n, 2)), _lanes(builder, products, range(1, 2 * n, 2)))
 
 
 def _splat_f32(builder, value, n: int = 8):
@@ -366,8 +368,9 @@ def _q8_0_block(row, a, i, accs):
 # code again. The two runs of a vector must come from one loaded vector: a <64 x i8> made as
 # concat(q & 15, q >> 4) lost the `pmaddubsw` match (vpmovsxbd + vpmaddwd, 2.5x slower), so the
 # 32 bytes are broadcast to both halves and shifted per 16-bit lane (vpsrlvw) by 0 | 4.
-# Measured (`python -m bench.kernels`-style, Q4_K 3584x1024, 2 threads, Zen 5): the 256-bit tile
-# 148 GMAC/s, this one 243 GMAC/s (T = 512), against dequantize + fp32 BLAS 225-238.
+# Measured (Q4_K 3584x1024, T = 512, 2 threads, Zen 5, kernels.MatvecPlan.tokens): the 256-bit
+# tile 148 GMAC/s, this one 243 with the mins inside and 264-268 with them apart, against
+# dequantize + fp32 BLAS 216-238.
 WIDE_TILE = 4
 
 
@@ -379,24 +382,6 @@ def _both_halves(b, v32, shifts):
         return v
     amounts = ir.Constant(_vec(I16, 32), [shifts[0]] * 16 + [shifts[1]] * 16)
     return b.bitcast(b.lshr(b.bitcast(v, _vec(I16, 32)), amounts), _vec(I8, 64))
-
-
-def _pair_sums_wide(b, a16, b16):
-    """<32 x i16> . <32 x i16> -> <16 x i32> sums of adjacent products (x86 `pmaddwd`)."""
-    wide = _vec(I32, 32)
-    products = b.mul(b.sext(a16, wide), b.sext(b16, wide))
-    return b.add(_lanes(b, products, range(0, 32, 2)), _lanes(b, products, range(1, 32, 2)))
-
-
-def _maddubs_wide(b, u8, s8):
-    """<64 x u8> . <64 x s8> -> <32 x i16> pair sums, saturated (the `pmaddubsw` form)."""
-    wide = _vec(I32, 32)
-    even = b.mul(b.zext(_lanes(b, u8, range(0, 64, 2)), wide), b.sext(_lanes(b, s8, range(0, 64, 2)), wide))
-    odd = b.mul(b.zext(_lanes(b, u8, range(1, 64, 2)), wide), b.sext(_lanes(b, s8, range(1, 64, 2)), wide))
-    s = b.add(even, odd)
-    s = b.call(_vector_fn(b.module, "llvm.smax", wide, 2), [s, ir.Constant(wide, [-32768] * 32)])
-    s = b.call(_vector_fn(b.module, "llvm.smin", wide, 2), [s, ir.Constant(wide, [32767] * 32)])
-    return b.trunc(s, _vec(I16, 32))
 
 
 def _widen8(b, v8):
@@ -448,7 +433,7 @@ def _k_block_wide(kind: str):
             isum = None
             for c, (q, sv) in enumerate(zip(quants, scales)):
                 x = row.load("xq", b.add(o, i64(64 * c)), _vec(I8, 64), align=1)
-                part = _pair_sums_wide(b, _maddubs_wide(b, q, x), sv)
+                part = _pair_sums(b, _maddubs(b, q, x), sv)
                 isum = part if isum is None else b.add(isum, part)
             xd = row.load("xd", b.add(row.offset("do", "dstride", t), i), F32)
             if kind == "q6_k":
