@@ -202,8 +202,8 @@ def _sums16(a: "_Args", xs_arg: int, gx):
     return a.builder.load(ptr, align=2)
 
 
-# Several tokens per weight block (prefill of short suffixes): the block is unpacked once and
-# each token costs only its loads and multiply-adds.
+# Several tokens per weight block (the Q8_0 tile: short suffixes; the K formats' is WIDE_TILE
+# below): the block is unpacked once and each token costs only its loads and multiply-adds.
 TILE = 4
 
 

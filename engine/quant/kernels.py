@@ -589,9 +589,9 @@ def _mv_q8_0_q8(w, xq16, xd, out):
         out[r] = q8_0_row_dot(w[r], nb, xq16, xd)
 
 
-# Several tokens at once (a short prefill such as a chat turn's suffix): each weight block is
-# unpacked once per TILE tokens. xq (Tp*cols) int8, xd (Tp*nb) f32, xs16 (Tp*cols/16) int16 with
-# Tp a multiple of TILE (padding tokens are zeros); out (Tp, rows). Rows go in chunks of
+# Several tokens at once (a prefill, or a chat turn's suffix): each weight block is unpacked once
+# per WIDE_TILE tokens (Q8_0: TILE). xq (Tp*cols) int8, xd (Tp*nb) f32, xs16 (Tp*cols/16) int16
+# with Tp a multiple of the tile (padding tokens are zeros); out (Tp, rows). Rows go in chunks of
 # ROW_CHUNK: the tile's activations stay in L1 across the chunk's rows, and the small result
 # buffer is allocated per chunk, not per row.
 _ROW_CHUNK = 16
