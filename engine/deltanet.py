@@ -97,19 +97,10 @@ def _l2_heads(src, col0, H, d, eps, scale, out):
             out[t, h, i] = src[t, base + i] * inv
 
 
-def l2_normalize(x: np.ndarray, eps: float, scale: float = 1.0, *, col0: int = 0,
-                 heads: int | None = None, d: int | None = None) -> np.ndarray:
-    """scale · x / sqrt(sum(x²) + eps) over each head's d values (llama.cpp's gdn l2 norm).
-
-    x (..., d), or with `heads`/`d`/`col0` a (T, C) matrix whose columns col0 .. col0 + heads·d
-    hold the heads; returns (T, heads, d)."""
-    if heads is None:
-        d = x.shape[-1]
-        shape = x.shape
-        src = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, d)
-        out = np.empty((src.shape[0], 1, d), dtype=np.float32)
-        _l2_heads(src.size, src, 0, 1, d, np.float32(eps), np.float32(scale), out)
-        return out.reshape(shape)
+def l2_normalize(x: np.ndarray, eps: float, heads: int, d: int, col0: int = 0,
+                 scale: float = 1.0) -> np.ndarray:
+    """scale · x / sqrt(sum(x²) + eps) over each head's d values (llama.cpp's gdn l2 norm), for
+    the heads in columns col0 .. col0 + heads·d of the (T, C) matrix x; returns (T, heads, d)."""
     src = np.ascontiguousarray(x, dtype=np.float32)
     out = np.empty((src.shape[0], heads, d), dtype=np.float32)
     _l2_heads(out.size, src, col0, heads, d, np.float32(eps), np.float32(scale), out)

@@ -6,8 +6,8 @@ from engine import deltanet
 
 def _inputs(T, H=3, d=16, seed=0):
     rng = np.random.default_rng(seed)
-    q = deltanet.l2_normalize(rng.standard_normal((T, H, d)).astype(np.float32), 1e-6)
-    k = deltanet.l2_normalize(rng.standard_normal((T, H, d)).astype(np.float32), 1e-6)
+    q = deltanet.l2_normalize(rng.standard_normal((T, H * d)).astype(np.float32), 1e-6, H, d)
+    k = deltanet.l2_normalize(rng.standard_normal((T, H * d)).astype(np.float32), 1e-6, H, d)
     v = rng.standard_normal((T, H, d)).astype(np.float32)
     g = -rng.uniform(0, 2, (T, H)).astype(np.float32)
     b = rng.uniform(0, 1, (T, H)).astype(np.float32)
@@ -113,6 +113,5 @@ def test_l2_normalize_reads_heads_from_matrix_columns():
     conv = rng.standard_normal((7, 3 * 2 * 8)).astype(np.float32)  # q | k | v, 2 heads of 8
     ref = conv[:, 16:32].reshape(7, 2, 8)
     ref = 0.5 * ref / np.sqrt((ref.astype(np.float64) ** 2).sum(-1, keepdims=True) + 1e-6)
-    got = deltanet.l2_normalize(conv, 1e-6, 0.5, col0=16, heads=2, d=8)
+    got = deltanet.l2_normalize(conv, 1e-6, 2, 8, col0=16, scale=0.5)
     assert got.shape == (7, 2, 8) and np.abs(got - ref).max() < 1e-6
-    assert np.abs(deltanet.l2_normalize(conv[:, 16:32].reshape(7, 2, 8), 1e-6, 0.5) - ref).max() < 1e-6

@@ -305,8 +305,8 @@ class Qwen35:
         if hook:
             hook("conv_output_silu", il, conv)
         kd, hk, dk = cfg.key_dim, cfg.n_k_heads, cfg.d_state
-        q = deltanet.l2_normalize(conv, cfg.rms_eps, 1.0 / math.sqrt(dk), col0=0, heads=hk, d=dk)
-        k = deltanet.l2_normalize(conv, cfg.rms_eps, col0=kd, heads=hk, d=dk)
+        q = deltanet.l2_normalize(conv, cfg.rms_eps, hk, dk, col0=0, scale=1.0 / math.sqrt(dk))
+        k = deltanet.l2_normalize(conv, cfg.rms_eps, hk, dk, col0=kd)
         v = conv[:, 2 * kd:].reshape(T, cfg.n_v_heads, cfg.d_state)
         if cfg.n_v_heads != cfg.n_k_heads:  # tiled: value head h reads key head h % n_k_heads
             reps = cfg.n_v_heads // cfg.n_k_heads

@@ -22,6 +22,7 @@ x86_64. f16 scales are decoded with LLVM's `fpext half` (engine/llvm_ops.py).
 
 from __future__ import annotations
 
+import functools
 import platform
 import time
 
@@ -742,9 +743,11 @@ def has_multi_token_kernel(qtype) -> bool:
     return get_format(qtype).qtype in _MULTI_TOKEN and has_int8_kernels(qtype)
 
 
+@functools.cache
 def _compiles_for_512_bit_integers() -> bool:
     """Whether numba's target (NUMBA_CPU_FEATURES, else this host) has AVX-512BW: 64-byte
-    `pmaddubsw`/`pmaddwd`."""
+    `pmaddubsw`/`pmaddwd`. Fixed for the process, and asked once: a Linear asks at load, and
+    372 uncached host-feature queries cost 58 ms of the 0.8B model's cold start."""
     from numba.core import config
     features = config.CPU_FEATURES
     if features is None:
