@@ -478,9 +478,12 @@ class S3Tier:
         return f"{self.prefix}/{snapshot_name(key)}"
 
     @staticmethod
-    def _missing(exc: Exception) -> bool:
-        code = str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
-        return code in ("404", "NoSuchKey", "NotFound")
+    def _code(exc: Exception) -> str:
+        return str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
+
+    @classmethod
+    def _missing(cls, exc: Exception) -> bool:
+        return cls._code(exc) in ("404", "NoSuchKey", "NotFound")
 
     def exists(self, key: Key) -> bool:
         try:
@@ -495,6 +498,7 @@ class S3Tier:
 
     def existing(self, keys: Sequence[Key]) -> list[Key]:
         """Which of `keys` exist, asked in parallel (HEAD requests)."""
+        self._heads.clear()  # only this lookup's candidates: the rest were never read
         if not keys:
             return []
         if len(keys) == 1:
@@ -510,27 +514,27 @@ class S3Tier:
         checksum). None when it is missing."""
         size, etag = self._heads.pop(key, (None, None))
         obj_key = self.object_key(key)
-        buf, parts = bytearray(), []
+        done = 0  # bytes already read
         try:
             if size is None:  # not asked with exists(): the first range tells the size
                 first = self.client.get_object(Bucket=self.bucket, Key=obj_key, Range=f"bytes=0-{self.PART_BYTES - 1}")
                 etag = first.get("ETag")
                 size = _total_size(first)
                 buf = bytearray(size)
-                got = _read_into(first["Body"], memoryview(buf)[:min(size, self.PART_BYTES)])
-                if got < min(size, self.PART_BYTES):
+                done = min(size, self.PART_BYTES)
+                got = _read_into(first["Body"], memoryview(buf)[:done])
+                if got < done:
                     return buf[:got]  # a short object body: the checksum will say so
-                parts = [(lo, min(size, lo + self.PART_BYTES)) for lo in range(self.PART_BYTES, size, self.PART_BYTES)]
             else:
                 buf = bytearray(size)
-                parts = [(lo, min(size, lo + self.PART_BYTES)) for lo in range(0, size, self.PART_BYTES)]
         except Exception as exc:
             if self._missing(exc):
                 return None
-            if str(getattr(exc, "response", {}).get("Error", {}).get("Code", "")) == "InvalidRange":
+            if self._code(exc) == "InvalidRange":
                 return bytearray()  # an empty object has no byte 0
             raise
         view = memoryview(buf)
+        parts = [(lo, min(size, lo + self.PART_BYTES)) for lo in range(done, size, self.PART_BYTES)]
 
         def fetch(part: tuple[int, int]) -> None:
             lo, hi = part

@@ -367,6 +367,12 @@ def test_s3_reads_a_snapshot_in_parallel_ranges(moto_s3, monkeypatch):
     client.ranges.clear()
     assert bytes(tier.read(key_of(snap))) == data and len(client.ranges) == n_parts
     assert client.ranges[0] == "bytes=0-999"
+    # what a HEAD learnt is kept for one lookup only (a long-lived instance asks about many keys)
+    other = (7, "0" * 32)
+    tier.write(other, data)
+    assert tier.existing([key_of(snap), other]) == [key_of(snap), other]
+    tier.existing([key_of(snap)])
+    assert set(tier._heads) == {key_of(snap)}
     # and through the store, as a cold instance restores
     st = store(memory_mb=0, s3_uri="s3://snaps/ranged", s3_client=client, log=log)
     hit = st.lookup(snap.tokens.tolist(), [40])
