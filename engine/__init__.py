@@ -39,6 +39,7 @@ def _version_the_kernel_cache() -> None:
 
 
 from engine.allocator import keep_freed_memory  # noqa: E402
+from engine.fpmode import flush_subnormals  # noqa: E402  (llvmlite only: no numpy, no numba)
 from engine.threads import apply_env_defaults  # noqa: E402  (no numpy in engine.threads)
 
 # First of all: OpenBLAS reads its environment once, when numpy loads it, and the cache
@@ -47,5 +48,8 @@ from engine.threads import apply_env_defaults  # noqa: E402  (no numpy in engine
 # its ~0.1 s spin after every product, measured as 0.10 s of CPU burnt in a 0.3 s sleep after
 # one GEMM (0.00 s with the timeout applied).
 apply_env_defaults()
+# Before numpy starts OpenBLAS's workers and numba its pool, so that they copy the bits
+# (engine/fpmode.py: subnormal operands cost Intel cores a microcode assist each).
+flush_subnormals()
 _version_the_kernel_cache()
 keep_freed_memory()

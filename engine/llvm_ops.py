@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import njit, prange, types
 from numba.extending import intrinsic
 
 
@@ -85,3 +85,48 @@ def f32_to_half_to_f32(typingctx, x):
         return builder.fpext(builder.fptrunc(v, ir.HalfType()), ir.FloatType())
 
     return sig, codegen
+
+
+@intrinsic
+def fp_control_or(typingctx, bits):
+    """This thread's floating-point control register (x86 MXCSR, arm64 FPCR) |= bits; returns
+    the new value (engine/fpmode.py: the subnormal policy, set inside numba's workers)."""
+    if not isinstance(bits, types.Integer):
+        return None
+    sig = types.uint64(bits)
+
+    def codegen(context, builder, signature, args):
+        import platform
+
+        i32, i64 = ir.IntType(32), ir.IntType(64)
+        b = builder.zext(args[0], i64) if bits.bitwidth < 64 else args[0]
+        if platform.machine() in ("aarch64", "arm64"):
+            read = ir.InlineAsm(ir.FunctionType(i64, []), "mrs $0, fpcr", "=r", side_effect=True)
+            write = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i64]), "msr fpcr, $0", "r", side_effect=True)
+            new = builder.or_(builder.call(read, []), b)
+            builder.call(write, [new])
+            return new
+        ptr_t = ir.IntType(8).as_pointer()
+        fty = ir.FunctionType(ir.VoidType(), [ptr_t])
+        mod = builder.module
+        st = mod.globals.get("llvm.x86.sse.stmxcsr") or ir.Function(mod, fty, "llvm.x86.sse.stmxcsr")
+        ld = mod.globals.get("llvm.x86.sse.ldmxcsr") or ir.Function(mod, fty, "llvm.x86.sse.ldmxcsr")
+        slot = builder.alloca(i32)
+        p = builder.bitcast(slot, ptr_t)
+        builder.call(st, [p])
+        new = builder.or_(builder.load(slot), builder.trunc(b, i32))
+        builder.store(new, slot)
+        builder.call(ld, [p])
+        return builder.zext(new, i64)
+
+    return sig, codegen
+
+
+@njit(parallel=True, cache=True)
+def fp_control_or_in_workers(bits, n):
+    """`fp_control_or(bits)` in n iterations over numba's pool (n >= its thread count reaches
+    every worker: numba gives each thread one contiguous share); returns each iteration's value."""
+    out = np.empty(n, np.uint64)
+    for i in prange(n):
+        out[i] = fp_control_or(bits)
+    return out

@@ -126,6 +126,8 @@ def configure(threads: int | None = None) -> ThreadConfig:
     except ValueError:  # not launched yet: report what will be used
         layer = numba.config.THREADING_LAYER
 
+    _subnormal_policy_everywhere(n_numba)
+
     blas = None
     try:
         from threadpoolctl import threadpool_limits, threadpool_info
@@ -136,6 +138,21 @@ def configure(threads: int | None = None) -> ThreadConfig:
     except ImportError:  # pragma: no cover - threadpoolctl is a dependency of dev/bench
         os.environ.setdefault("OPENBLAS_NUM_THREADS", str(n))
     return ThreadConfig(threads=n_numba, numba_layer=str(layer), blas_threads=blas)
+
+
+def _subnormal_policy_everywhere(n_numba: int) -> None:
+    """engine/fpmode.py's policy in threads that may predate it: numba's workers get the bits
+    set in place; OpenBLAS's are restarted, to be started again by a thread that has them (both
+    only exist early when the program used numpy or numba before importing the engine)."""
+    from engine import fpmode
+
+    if not fpmode.policy_wanted() or not fpmode.flush_mask():
+        return
+    fpmode.flush_subnormals()
+    from engine.llvm_ops import fp_control_or_in_workers
+
+    fp_control_or_in_workers(fpmode.flush_mask(), 4 * n_numba)
+    fpmode.restart_blas_threads()
 
 
 _controller = None
