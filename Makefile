@@ -55,8 +55,11 @@ oracle-fixtures: $(STAMP)
 	$(PY) -m tests.oracle.record_fixtures
 
 # Speed is a benchmark, never a test: ours vs llama.cpp on the same 0.8B-shaped files, same threads.
+# llama.cpp is built twice for it (native, and held to AVX2: bench/build_llama.py), ~15 min each
+# the first time; BENCH_ARGS passes options to bench.run (e.g. --modes native --rounds 3).
 bench: $(STAMP)
-	$(PY) -m bench.run
+	$(PY) -m bench.build_llama native avx2
+	$(PY) -m bench.run $(BENCH_ARGS)
 
 # The engine under qemu user-mode in an arm64 userland, once per numba CPU target (docs/arm64.md).
 test-arm64: $(STAMP)

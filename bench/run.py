@@ -4,8 +4,20 @@ another conversation with the same system + tools, (c) cold processes restoring 
 directory and from S3 over moto's server), `--agent-rounds` times, unpinned.
 
 Builds the models if absent, runs each measurement in its own process (peak RSS and cold start
-are per process), once with this machine's OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE pin and once with
-both unset (as on Lambda), prints a table and writes bench/results/<stamp>.json.
+are per process), in up to three settings (`--modes`), prints a table and writes
+bench/results/<stamp>.json:
+
+- `native`: both sides on the host's own instruction set (ours: numba's host target and the
+  kernels engine/quant/paths.py picks for it; llama.cpp built GGML_NATIVE=ON without AMX), with
+  OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE unset, as on Lambda;
+- `native-pinned`: the same with this machine's OpenBLAS pin left set;
+- `avx2`: both held to x86-64-v3 — ours through NUMBA_CPU_NAME=haswell *and* NUMBA_CPU_FEATURES
+  with every feature above AVX2 off (the name alone keeps the host's features: numba's JIT
+  takes its ISA from NUMBA_CPU_FEATURES, else the host), OpenBLAS pinned to Haswell; llama.cpp
+  built GGML_NATIVE=OFF with AVX2/FMA/F16C and no AVX-512/AVX-VNNI (bench/build_llama.py).
+
+The llama.cpp side imports the build for its mode from .bench/llama-<variant>/ (make bench
+builds them first, ~15 min each on 2 cores), else whatever `llama_cpp` the venv has.
 
 The two sides alternate (ours, llama.cpp, ours, llama.cpp: `--rounds`) and each figure is the
 best over the rounds: on this shared machine the load drifts over minutes, and measuring one
@@ -44,6 +56,38 @@ def _blas_info(env: dict) -> str:
             "for i in threadpoolctl.threadpool_info() if i.get('user_api') == 'blas']))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     return r.stdout.strip() or r.stderr.strip()[-200:]
+
+
+def _cpu_flags() -> list[str]:
+    """The host's x86 SIMD flags that decide the kernels (AMX listed: the VM may withhold it)."""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith(("flags", "Features")):
+                flags = line.split(":", 1)[1].split()
+                return sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "f16c", "asimd", "sve", "i8mm", "bf16")))
+    except OSError:
+        pass
+    return []
+
+
+def _mode_env(mode: str, threads: int) -> tuple[dict, str]:
+    """(environment, llama.cpp build variant) for a bench mode."""
+    from bench import build_llama
+
+    env = dict(os.environ, WARMLLM_THREADS=str(threads))
+    variant = "avx2" if mode == "avx2" else "native"
+    if mode == "native":
+        for k in PINS:
+            env.pop(k, None)
+    if mode == "native-pinned":
+        env.setdefault("OPENBLAS_CORETYPE", "Haswell")
+    if mode == "avx2":
+        from engine.quant import paths
+        env.update(NUMBA_CPU_NAME="haswell", NUMBA_CPU_FEATURES=paths.features_flag_string(paths.X86_64_V3),
+                   OPENBLAS_CORETYPE="Haswell")
+    if build_llama.is_built(variant):
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(build_llama.target_dir(variant)), env.get("PYTHONPATH")) if p)
+    return env, variant
 
 
 def _cpu() -> str:
@@ -163,27 +207,31 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--rounds", type=int, default=2, help="alternating ours / llama.cpp runs; best of them")
     ap.add_argument("--agent-rounds", type=int, default=3, help="agent-shape runs on Q4_K_M (0: skip)")
+    ap.add_argument("--modes", default="native,avx2,native-pinned",
+                    help="comma-separated: native, native-pinned, avx2 (see the module docstring)")
     a = ap.parse_args()
-    try:
-        import llama_cpp  # noqa: F401
-        with_llama = True
-    except ImportError:
-        with_llama = False
-        print("llama_cpp is not installed: printing our figures alone (pip install llama-cpp-python)", file=sys.stderr)
+    from bench import build_llama
+
+    with_llama = any(build_llama.is_built(v) for v in build_llama.VARIANTS)
+    if not with_llama:
+        try:
+            import llama_cpp  # noqa: F401
+            with_llama = True
+        except ImportError:
+            print("llama_cpp is not installed: printing our figures alone (python -m bench.build_llama)", file=sys.stderr)
     receipt = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "cpu": _cpu(),
-               "machine": platform.machine(), "threads": a.threads, "rounds": a.rounds, "runs": []}
+               "cpu_flags": _cpu_flags(), "machine": platform.machine(), "threads": a.threads, "rounds": a.rounds,
+               "runs": []}
     for weights in a.weights.split(","):
         model = ROOT / "models" / f"{a.preset}-{weights}.gguf"
         if not model.exists():
             subprocess.run([sys.executable, "-m", "engine", "make-model", "--preset", a.preset, "--weights", weights,
                             "--seed", "0", "--out", str(model)], check=True, cwd=ROOT)
-        for pinned in (False, True):
-            env = dict(os.environ, WARMLLM_THREADS=str(a.threads))
-            if not pinned:
-                for k in PINS:
-                    env.pop(k, None)
-            run = {"weights": weights, "model": str(model.relative_to(ROOT)), "openblas_pinned": pinned,
-                   "pins": {k: env.get(k) for k in PINS}, "blas": _blas_info(env)}
+        for mode in a.modes.split(","):
+            env, variant = _mode_env(mode, a.threads)
+            run = {"weights": weights, "model": str(model.relative_to(ROOT)), "mode": mode,
+                   "openblas_pinned": "OPENBLAS_CORETYPE" in env, "pins": {k: env.get(k) for k in PINS},
+                   "numba_cpu_name": env.get("NUMBA_CPU_NAME"), "llama_cpp_build": variant, "blas": _blas_info(env)}
             run.update(measure(model, a.threads, a.p, a.n, env, with_llama, a.rounds))
             receipt["runs"].append(run)
             _print(run)
@@ -203,7 +251,8 @@ def main() -> int:
 
 
 def _print(run: dict) -> None:
-    print(f"\n{run['weights']}  OPENBLAS pinned={run['openblas_pinned']}  blas={run['blas']}")
+    print(f"\n{run['weights']}  mode={run['mode']}  OPENBLAS pinned={run['openblas_pinned']}  blas={run['blas']}")
+    print(f"kernels: {run['ours'].get('kernels')}")
     print(f"{'metric':32s} {'ours':>12s} {'llama.cpp':>12s} {'ratio':>8s}")
     for k in KEYS + ["cold_start_ms_empty_cache", "cold_start_ms_warm_cache"]:
         o = run["ours"].get(k, "")

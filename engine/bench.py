@@ -12,6 +12,7 @@ import time
 import numpy as np
 
 from engine.generate import Engine
+from engine.quant import paths
 from engine.session import Session
 
 AGENT_PROMPT_TOKENS = 421
@@ -30,7 +31,8 @@ def run(model: str, p: int = 512, n: int = 128, threads: int | None = None, tbt:
     ready_ms = (time.perf_counter() - t0) * 1e3
     vocab = eng.model.config.n_vocab
     out: dict = {"model": model, "threads": eng.threads, "load_ms": round(eng.load_ms, 1),
-                 "compile_ms": round(eng.compile_ms, 1), "ready_ms": round(ready_ms, 1)}
+                 "compile_ms": round(eng.compile_ms, 1), "ready_ms": round(ready_ms, 1),
+                 "target": paths.summary(), "kernels": eng.kernel_paths}
 
     def prefill_tok_s(count: int, seed: int) -> float:
         s = Session(eng.model)

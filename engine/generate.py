@@ -17,6 +17,7 @@ from engine import threads as threads_mod
 from engine.chat_template import ChatTemplate
 from engine.errors import ContextOverflow, ModelLoadError
 from engine.gguf_file import GGUFFile
+from engine.quant import paths
 from engine.models.qwen35 import Qwen35
 from engine.sampling import Sampler, SamplingParams
 from engine.session import Session
@@ -99,6 +100,14 @@ class Engine:
     @property
     def backend(self) -> str:
         return "numpy+numba"
+
+    @property
+    def kernel_paths(self) -> dict[str, dict[str, str]]:
+        """Per weight format of this model's matrices: the decode and prefill kernels this CPU
+        runs (engine/quant/paths.py), for the init log line and the bench receipt."""
+        f = self.model.file
+        qtypes = {f.tensor(n).qtype for n in f.tensor_names if len(f.tensor(n).shape) == 2}
+        return paths.kernel_paths(qtypes)
 
     @classmethod
     def load(cls, path: str, threads: int | None = None, n_ctx: int | None = None, warm_up: bool = True, *,

@@ -26,16 +26,7 @@ from engine.quant import formats, kernels
 from engine.quant.activations import Q8KTokens, activation_format, quantize_q8_k_tokens, round_activations
 
 
-# Up to this many tokens, Q8_0 products (and Q4_K/Q6_K where the 512-bit tiles do not compile:
-# AVX2) run in the multi-token int8 kernel (each weight block unpacked once per 4 tokens)
-# instead of dequantize + BLAS, whose cost is mostly fixed
-# (the whole matrix decoded to f32). Measured on whole forwards after a 504-token prefix (0.8B,
-# 2 threads, both paths alternating in one process, min of 3, ms): Q4_K_M T=32 734 vs 1057,
-# T=48 1042 vs 1193, T=64 1261 vs 1392, T=96 1759 vs 1656 (the 256-bit tile, before the 512-bit
-# one took every length on AVX-512); Q8_0 T=32 946 vs 1175, T=64 1477 vs
-# 1457, T=96 2014 vs 1698. (Per-matrix sweeps had put the crossover at ~32: a forward also pays
-# the dequantization of every matrix, and a chat turn of 33-64 tokens took up to 1.8x longer.)
-SHORT_PREFILL = 64
+SHORT_PREFILL = kernels.SHORT_PREFILL  # the measurement is beside it in kernels.py
 
 
 @dataclass

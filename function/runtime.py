@@ -95,9 +95,11 @@ class Runtime:
             fields.update(model_source=res.source, model_uri=res.uri, model_bytes=res.bytes,
                           downloaded=res.downloaded, download_ms=res.download_ms)
             from engine.generate import Engine
+            from engine.quant import paths
             eng = Engine.load(res.path, threads=self.threads)
             fields.update(ok=True, model_id=eng.model_id, n_ctx=eng.n_ctx, threads=eng.threads,
-                          backend=eng.backend, load_ms=float(eng.load_ms), compile_ms=float(eng.compile_ms))
+                          backend=eng.backend, load_ms=float(eng.load_ms), compile_ms=float(eng.compile_ms),
+                          cpu=paths.summary(), kernels=eng.kernel_paths)
             self.engine = eng
             self.error = None
         except Exception as exc:

@@ -54,6 +54,13 @@ def _splat(builder, value, t: ir.IntType, n: int):
                                   ir.Constant(_vec(I32, n), [0] * n))
 
 
+def x86_call(builder, name: str, ret, args):
+    """Call the LLVM target intrinsic `name` (the x86 kernel files: explicit instructions, so no
+    InstCombine rewrite can lose them)."""
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, [v.type for v in args]), name)
+    return builder.call(fn, args)
+
+
 def _vector_fn(module, base: str, vt: ir.VectorType, nargs: int, scalar_result: bool = False):
     name = f"{base}.v{vt.count}i{vt.element.width}"
     ret = vt.element if scalar_result else vt
@@ -145,6 +152,25 @@ def _array_ptr(context, builder, aty, aval, index, elt):
     return builder.bitcast(builder.gep(arr.data, [index]), elt.as_pointer())
 
 
+class GroupScales:
+    """A K block's scales per 16 values: `src` <16 x i16> holds them, `lane(g)` is the lane of
+    value group g (values 16g..16g+15 of the block). Q4_K: a scale per 32 values (lane g // 2);
+    Q6_K: one per 16 (lane g). The ISA files lay them out for their own instructions."""
+
+    def __init__(self, src, lane):
+        self.src, self.lane = src, lane
+
+    def packed_pairs(self, builder, groups_a: list[int], groups_b: list[int]):
+        """The <n x i32> (as i16 pairs) scale vector for `vpackssdw(A, B)` of two `vpdpbusd`
+        results whose 128-bit lane L holds 4-value sums of group groups_a[L] (A) and
+        groups_b[L] (B): vpackssdw puts A's four then B's four i16 of each 128-bit lane."""
+        idx: list[int] = []
+        for ga, gb in zip(groups_a, groups_b):
+            idx += [self.lane(ga)] * 4 + [self.lane(gb)] * 4
+        v = builder.shuffle_vector(self.src, self.src, ir.Constant(_vec(I32, len(idx)), idx))
+        return builder.bitcast(v, _vec(I32, len(idx) // 2))
+
+
 def _q4_k_unpack(a: "_Args", w_arg: int, p):
     """The Q4_K block at w[p]: its 8 runs of 32 quants, the <16 x i16> scale splat of each run,
     and the mins laid out against the 16 activation sums (min j in lanes 2j, 2j+1)."""
@@ -163,7 +189,7 @@ def _q4_k_unpack(a: "_Args", w_arg: int, p):
     lanes = lambda m: ir.Constant(_vec(I32, 16), m)  # noqa: E731
     scales = [builder.shuffle_vector(packed, packed, lanes([j] * 16)) for j in range(8)]
     mins = builder.shuffle_vector(packed, packed, lanes([8 + i // 2 for i in range(16)]))
-    return quants, scales, mins
+    return quants, scales, mins, GroupScales(packed, lambda g: g // 2)
 
 
 def _q6_k_unpack(a: "_Args", w_arg: int, p, sc_arg: int, g):
@@ -190,7 +216,7 @@ def _q6_k_unpack(a: "_Args", w_arg: int, p, sc_arg: int, g):
     scales = [builder.shuffle_vector(all16, all16, ir.Constant(_vec(I32, 16), [
         2 * r + (i >= 8) for i in range(16)])) for r in range(8)]
     offset = builder.mul(all16, ir.Constant(_vec(I16, 16), [-32] * 16))  # |.| <= 4096
-    return quants, scales, offset
+    return quants, scales, offset, GroupScales(all16, lambda g: g)
 
 
 I64 = ir.IntType(64)
@@ -319,12 +345,12 @@ def _k_block(kind: str):
         if kind == "q4_k":
             p = b.mul(i, i64(144))
             _prefetch(row, p, 144)
-            quants, scales, mins = _q4_k_unpack(a, row.ix["row"], p)
+            quants, scales, mins, _ = _q4_k_unpack(a, row.ix["row"], p)
             d, dmin = row.half(p), row.half(b.add(p, i64(2)))
         else:
             p = b.mul(i, i64(210))
             _prefetch(row, p, 210)
-            quants, scales, offset = _q6_k_unpack(a, row.ix["row"], p, row.ix["row"], b.add(p, i64(192)))
+            quants, scales, offset, _ = _q6_k_unpack(a, row.ix["row"], p, row.ix["row"], b.add(p, i64(192)))
             d = row.half(b.add(p, i64(208)))
         for t in range(row.ntok):
             o = b.add(row.offset("xo", "xstride", t), b.mul(i, i64(256)))
@@ -389,58 +415,104 @@ def _widen8(b, v8):
     return b.shuffle_vector(v8, ir.Constant(v8.type, [0] * 8), ir.Constant(_vec(I32, 16), list(range(16))))
 
 
+class WideBlock:
+    """K block i of a row as four <64 x u8> vectors, vector c holding the block's values
+    64c..64c+63 (two runs of 32: the tiles load the activations at 64c), its `GroupScales`, the
+    f16 scale d, and (Q6_K) the quants' -32 offset as <16 x i16> against the activation sums."""
+
+    def __init__(self, quants, groups: GroupScales, d, offset):
+        self.quants, self.groups, self.d, self.offset = quants, groups, d, offset
+
+
+def wide_unpack(kind: str, row: "_Row", a: "_Args", i) -> WideBlock:
+    """Unpack block i of the row: per 32 bytes one load, broadcast to both halves of a 64-byte
+    vector and shifted per 16-bit lane (`_both_halves`: one vector for two runs)."""
+    b = row.b
+    i64 = lambda v: ir.Constant(I64, v)  # noqa: E731
+    mask4 = _splat(b, a.mask4_scalar, I8, 64)
+    mask2 = _splat(b, a.mask2_scalar, I8, 64)
+    quants = []
+    if kind == "q4_k":
+        p = b.mul(i, i64(144))
+        _prefetch(row, p, 144)
+        words = [row.load("row", b.add(p, i64(k)), I32, align=1) for k in (4, 8, 12)]
+        packed = b.zext(_q4_k_scales_mins(b, *words), _vec(I16, 16))
+        for c in range(4):
+            q = row.load("row", b.add(p, i64(16 + 32 * c)), _vec(I8, 32), align=1)
+            quants.append(b.and_(_both_halves(b, q, (0, 4)), mask4))
+        return WideBlock(quants, GroupScales(packed, lambda g: g // 2), row.half(p), None)
+    p = b.mul(i, i64(210))
+    _prefetch(row, p, 210)
+    sptr = _array_ptr(row.context, b, row.aty["row"], row.arg["row"], b.add(p, i64(192)), _vec(I8, 16))
+    all16 = b.sext(b.load(sptr, align=1), _vec(I16, 16))
+    four = _splat(b, a.shift4_scalar, I8, 64)
+    for h in range(2):
+        ql = row.load("row", b.add(p, i64(64 * h)), _vec(I8, 64), align=1)
+        qh = row.load("row", b.add(p, i64(128 + 32 * h)), _vec(I8, 32), align=1)
+        for k, low in enumerate((b.and_(ql, mask4), b.and_(b.lshr(ql, four), mask4))):
+            high = b.and_(_both_halves(b, qh, (4 * k, 4 * k + 2)), mask2)
+            quants.append(b.or_(low, b.shl(high, ir.Constant(_vec(I8, 64), [4] * 64))))
+    offset = b.mul(all16, ir.Constant(_vec(I16, 16), [-32] * 16))  # the quants' -32, |.| <= 4096
+    return WideBlock(quants, GroupScales(all16, lambda g: g), row.half(b.add(p, i64(208))), offset)
+
+
+def token_sums(row: "_Row", a: "_Args", i, t: int):
+    """Token t's int16 activation sums per 16 values of block i, <16 x i16>."""
+    b = row.b
+    return _sums16(a, row.ix["xs"], b.add(row.offset("so", "sstride", t), b.mul(i, ir.Constant(I64, 16))))
+
+
+def token_scale(row: "_Row", blk: WideBlock, i, t: int):
+    """d of the weight block times token t's Q8_K block scale."""
+    xd = row.load("xd", row.b.add(row.offset("do", "dstride", t), i), F32)
+    return row.b.fmul(blk.d, xd)
+
+
+def token_values(row: "_Row", i, t: int, c: int, nbytes: int):
+    """Token t's int8 activations c*nbytes .. of block i, <nbytes x i8>."""
+    b = row.b
+    o = b.add(row.offset("xo", "xstride", t), b.mul(i, ir.Constant(I64, 256)))
+    return row.load("xq", b.add(o, ir.Constant(I64, nbytes * c)), _vec(I8, nbytes), align=1)
+
+
 def _k_block_wide(kind: str):
-    """Block body of the Q4_K / Q6_K tiles: four <64 x u8> weight vectors (runs 2c, 2c+1) and
-    their <32 x i16> scale vectors, then per token four `pmaddubsw` + `pmaddwd` into a <16 x i32>
-    block sum, scaled into the token's <16 x float> accumulator. Q4_K's mins are left out: the
-    caller subtracts them as one small float product for all blocks (kernels.py), which measured
-    ~20% faster than a float multiply-add per block and token here."""
+    """Portable block body of the Q4_K / Q6_K tiles (generic IR, any LLVM target): four
+    <64 x u8> weight vectors and their <32 x i16> scale vectors, then per token four
+    `pmaddubsw` + `pmaddwd` shapes into a <16 x i32> block sum, scaled into the token's
+    <16 x float> accumulator. Q4_K's mins are left out: the caller subtracts them as one small
+    float product for all blocks (kernels.py), which measured ~20% faster than a float
+    multiply-add per block and token here. The x86 levels have their own files
+    (x86_avx2.py, x86_avx512.py: `tile_block`)."""
     def block(row, a, i, accs):
         b = row.b
-        i64 = lambda v: ir.Constant(I64, v)  # noqa: E731
-        mask4 = _splat(b, a.mask4_scalar, I8, 64)
-        mask2 = _splat(b, a.mask2_scalar, I8, 64)
-        lanes32 = lambda m: ir.Constant(_vec(I32, 32), m)  # noqa: E731
-        quants, scales = [], []
-        if kind == "q4_k":
-            p = b.mul(i, i64(144))
-            _prefetch(row, p, 144)
-            words = [row.load("row", b.add(p, i64(k)), I32, align=1) for k in (4, 8, 12)]
-            packed = b.zext(_q4_k_scales_mins(b, *words), _vec(I16, 16))
-            for c in range(4):
-                q = row.load("row", b.add(p, i64(16 + 32 * c)), _vec(I8, 32), align=1)
-                quants.append(b.and_(_both_halves(b, q, (0, 4)), mask4))
-                scales.append(b.shuffle_vector(packed, packed, lanes32([2 * c] * 16 + [2 * c + 1] * 16)))
-            d = row.half(p)
-        else:
-            p = b.mul(i, i64(210))
-            _prefetch(row, p, 210)
-            sptr = _array_ptr(row.context, b, row.aty["row"], row.arg["row"], b.add(p, i64(192)), _vec(I8, 16))
-            all16 = b.sext(b.load(sptr, align=1), _vec(I16, 16))
-            four = _splat(b, a.shift4_scalar, I8, 64)
-            for h in range(2):
-                ql = row.load("row", b.add(p, i64(64 * h)), _vec(I8, 64), align=1)
-                qh = row.load("row", b.add(p, i64(128 + 32 * h)), _vec(I8, 32), align=1)
-                for k, low in enumerate((b.and_(ql, mask4), b.and_(b.lshr(ql, four), mask4))):
-                    high = b.and_(_both_halves(b, qh, (4 * k, 4 * k + 2)), mask2)
-                    quants.append(b.or_(low, b.shl(high, ir.Constant(_vec(I8, 64), [4] * 64))))
-                    r = 4 * h + 2 * k  # runs r, r + 1; run r has the scales 2r, 2r + 1
-                    scales.append(b.shuffle_vector(all16, all16, lanes32([2 * r + j // 8 for j in range(32)])))
-            offset = b.mul(all16, ir.Constant(_vec(I16, 16), [-32] * 16))  # the quants' -32, |.| <= 4096
-            d = row.half(b.add(p, i64(208)))
+        blk = wide_unpack(kind, row, a, i)
+        g = blk.groups
+        scales = [b.shuffle_vector(g.src, g.src, ir.Constant(_vec(I32, 32), [g.lane(4 * c + j // 8) for j in range(32)]))
+                  for c in range(4)]
         for t in range(row.ntok):
-            o = b.add(row.offset("xo", "xstride", t), b.mul(i, i64(256)))
             isum = None
-            for c, (q, sv) in enumerate(zip(quants, scales)):
-                x = row.load("xq", b.add(o, i64(64 * c)), _vec(I8, 64), align=1)
-                part = _pair_sums(b, _maddubs(b, q, x), sv)
+            for c, (q, sv) in enumerate(zip(blk.quants, scales)):
+                part = _pair_sums(b, _maddubs(b, q, token_values(row, i, t, c, 64)), sv)
                 isum = part if isum is None else b.add(isum, part)
-            xd = row.load("xd", b.add(row.offset("do", "dstride", t), i), F32)
-            if kind == "q6_k":
-                sums = _sums16(a, row.ix["xs"], b.add(row.offset("so", "sstride", t), b.mul(i, i64(16))))
-                isum = b.add(isum, _widen8(b, _pair_sums(b, sums, offset)))
-            _accumulate(b, accs[t], isum, b.fmul(d, xd))
+            if blk.offset is not None:
+                isum = b.add(isum, _widen8(b, _pair_sums(b, token_sums(row, a, i, t), blk.offset)))
+            _accumulate(b, accs[t], isum, token_scale(row, blk, i, t))
     return block
+
+
+def _tile_block(kind: str):
+    """The tile's block body for the level numba compiles for (engine/quant/paths.py), and the
+    width of its float accumulators."""
+    from engine.quant import paths
+
+    level = paths.target().level
+    if level in ("avx512vnni", "avx512bw"):
+        from engine.quant import x86_avx512
+        return x86_avx512.tile_block(kind, vnni=level == "avx512vnni"), 16
+    if level in ("avxvnni", "avx2"):
+        from engine.quant import x86_avx2
+        return x86_avx2.tile_block(kind, vnni=level == "avxvnni"), 8
+    return _k_block_wide(kind), 16
 
 
 @intrinsic
@@ -461,14 +533,16 @@ def q4_k_row_dot_tile(typingctx, row, nb, xq, xo, xstride, xd, do, dstride, xs, 
     """res[t] = the Q4_K row times token t's activations for t < WIDE_TILE: token t's values at
     xq[xo + t*xstride:], block scales at xd[do + t*dstride:], sums at xs[so + t*sstride:]."""
     sig = types.void(row, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res, knobs)
-    return sig, _row_codegen(_K_TILE, WIDE_TILE, _k_block_wide("q4_k"), lanes=16)
+    block, lanes = _tile_block("q4_k")
+    return sig, _row_codegen(_K_TILE, WIDE_TILE, block, lanes=lanes)
 
 
 @intrinsic
 def q6_k_row_dot_tile(typingctx, row, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res, knobs):
     """`q4_k_row_dot_tile` for a Q6_K row."""
     sig = types.void(row, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res, knobs)
-    return sig, _row_codegen(_K_TILE, WIDE_TILE, _k_block_wide("q6_k"), lanes=16)
+    block, lanes = _tile_block("q6_k")
+    return sig, _row_codegen(_K_TILE, WIDE_TILE, block, lanes=lanes)
 
 
 @intrinsic

@@ -22,7 +22,6 @@ x86_64. f16 scales are decoded with LLVM's `fpext half` (engine/llvm_ops.py).
 
 from __future__ import annotations
 
-import functools
 import platform
 import time
 
@@ -34,6 +33,7 @@ from engine.jit import SERIAL_BELOW, serial_twin
 from engine.llvm_ops import bits_to_f32, half_bits_to_f32
 
 from .activations import Q8KTokens, quantize_q8_0, quantize_q8_k, quantize_q8_k_tokens, round_activations
+from . import paths
 from .formats import get_format, quantize, row_bytes
 from .int8_dot import (KNOBS, TILE, WIDE_TILE, q4_k_row_dot, q4_k_row_dot_tile, q6_k_row_dot, q6_k_row_dot_tile, q8_0_row_dot,
                        q8_0_row_dot_tile)
@@ -728,14 +728,19 @@ def dequantize_rows_into(qtype, raw: np.ndarray, out: np.ndarray) -> None:
 _MATVEC_INT8 = {T.Q4_K: _mv_k_q8k, T.Q6_K: _mv_k_q8k, T.Q8_0: _mv_q8_0_q8}
 _MATVEC_INT8_SERIAL = {qt: serial_twin(k) for qt, k in _MATVEC_INT8.items()}
 _MULTI_TOKEN = {T.Q4_K, T.Q6_K, T.Q8_0}  # formats with a multi-token kernel (_mm_k_q8k, _mm_q8_0_q8)
-# Where the integer kernels run. Their IR is generic, but it has only been compiled, tested and
-# measured on x86_64; arm64 keeps the float kernels until it is checked there (docs/arm64.md).
+
+
+# Where the integer kernels run: the x86 levels of engine/quant/paths.py (AVX2 and up). arm64
+# keeps the float kernels until it has its own (issue 14); its tests add their machine here to
+# run the portable IR under emulation.
 INT8_MACHINES = {"x86_64", "AMD64"}
 
 
 def has_int8_kernels(qtype) -> bool:
     """Whether `qtype` matrix-vector products run the integer kernels here (MatvecPlan.int8)."""
-    return get_format(qtype).qtype in _MATVEC_INT8 and platform.machine() in INT8_MACHINES
+    m = platform.machine()
+    return (get_format(qtype).qtype in _MATVEC_INT8 and m in INT8_MACHINES
+            and (m not in paths.X86 or paths.has_int8(qtype)))
 
 
 def has_multi_token_kernel(qtype) -> bool:
@@ -743,26 +748,40 @@ def has_multi_token_kernel(qtype) -> bool:
     return get_format(qtype).qtype in _MULTI_TOKEN and has_int8_kernels(qtype)
 
 
-@functools.cache
-def _compiles_for_512_bit_integers() -> bool:
-    """Whether numba's target (NUMBA_CPU_FEATURES, else this host) has AVX-512BW: 64-byte
-    `pmaddubsw`/`pmaddwd`. Fixed for the process, and asked once: a Linear asks at load, and
-    372 uncached host-feature queries cost 58 ms of the 0.8B model's cold start."""
-    from numba.core import config
-    features = config.CPU_FEATURES
-    if features is None:
-        import llvmlite.binding as llvm
-        features = llvm.get_host_cpu_features().flatten()
-    return "+avx512bw" in features.split(",")
+# Where the K-format tiles beat dequantize + fp32 BLAS at every prompt length: AVX-512 on AMD
+# (Zen 4/5 run 512-bit integer multiplies on two pipes). Measured, 0.8B Q4_K_M, 2 threads:
+# Zen 5, 3584x1024 Q4_K at T = 512: tile 264-278 GMAC/s vs dequantize + BLAS 216-231, whole
+# 512-token forward 1.24-1.27 s vs 1.66-1.79 s. Emerald Rapids (one 512-bit integer-multiply
+# port), whole 512-token forward, both kinds of model in one process, alternating, best of 4:
+# the x86_avx512 VNNI tile 69.2 tok/s vs dequantize + OpenBLAS 101.1 (/tmp-style A/B in the
+# issue 21 note); the AVX2 tile (x86_avx2) lost there too, 42-45 vs 59-70 GMAC/s per matrix.
+def _tiles_win_at_every_length() -> bool:
+    t = paths.target()
+    return t.level in ("avx512vnni", "avx512bw") and t.cpu_name.startswith("znver")
+
+
+# Up to this many tokens, Q8_0 products (and Q4_K/Q6_K where the tiles do not win at every
+# length) run in the multi-token int8 kernel (each weight block unpacked once per 4 tokens)
+# instead of dequantize + BLAS, whose cost is mostly fixed
+# (the whole matrix decoded to f32). Measured on whole forwards after a 504-token prefix (0.8B,
+# 2 threads, both paths alternating in one process, min of 3, ms): Q4_K_M T=32 734 vs 1057,
+# T=48 1042 vs 1193, T=64 1261 vs 1392, T=96 1759 vs 1656 (the 256-bit tile, before the 512-bit
+# one took every length on AVX-512); Q8_0 T=32 946 vs 1175, T=64 1477 vs
+# 1457, T=96 2014 vs 1698. (Per-matrix sweeps had put the crossover at ~32: a forward also pays
+# the dequantization of every matrix, and a chat turn of 33-64 tokens took up to 1.8x longer.)
+SHORT_PREFILL = 64
 
 
 def has_int8_prefill(qtype) -> bool:
     """Whether a batched prefill of any length multiplies `qtype` in the multi-token int8 kernel
-    rather than dequantize + fp32 BLAS. Only the K formats' 512-bit tiles beat BLAS at every
-    length, and only where the registers are 512 bits wide (Zen 5, 3584x1024 Q4_K at T = 512:
-    268 vs 216 GMAC/s; compiled for AVX2 on the same host the tile ran 134 GMAC/s)."""
+    rather than dequantize + fp32 BLAS (`_tiles_win_at_every_length`)."""
     return (get_format(qtype).qtype in (T.Q4_K, T.Q6_K) and has_multi_token_kernel(qtype)
-            and _compiles_for_512_bit_integers())
+            and _tiles_win_at_every_length())
+
+
+def int8_prefill_wins(qtype, tokens: int) -> bool:
+    """Whether a product of `tokens` tokens with `qtype` runs the int8 tile (weights.Linear)."""
+    return has_int8_prefill(qtype) or (1 < tokens <= SHORT_PREFILL and has_multi_token_kernel(qtype))
 
 
 class MatvecPlan:

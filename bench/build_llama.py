@@ -1,0 +1,68 @@
+"""Builds llama.cpp (llama-cpp-python, from its PyPI source) for the benchmark, once per
+instruction-set variant, into `.bench/llama-<variant>/` (a pip `--target` folder that
+`bench.run` puts on the llama.cpp side's PYTHONPATH).
+
+    python -m bench.build_llama native avx2
+
+- `native`: `GGML_NATIVE=ON`, what llama.cpp gives a user who builds it on the host. On an Intel
+  host whose VM lists AMX but withholds the tile state, a native build dies of SIGILL in
+  `ggml_backend_amx_mul_mat`: AMX is switched off in the compiler flags (GCC's explicit
+  `-mno-*` wins over `-march=native` whatever the order).
+- `avx2`: the x86-64-v3 floor Lambda promises (AVX2 + FMA + F16C, no AVX-512, no AVX-VNNI), the
+  llama.cpp side of the "both held to AVX2" measurement.
+
+About 15 minutes per variant on 2 cores; an existing build is kept (delete the folder to redo).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BUILD_ROOT = ROOT / ".bench"
+LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"  # the version the oracle fixtures were recorded with
+
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+VARIANTS: dict[str, list[str]] = {
+    "native": ["-DGGML_NATIVE=ON", f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}"],
+    "avx2": ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
+             "-DGGML_AVX512=OFF", "-DGGML_AVX512_VBMI=OFF", "-DGGML_AVX512_VNNI=OFF", "-DGGML_AVX512_BF16=OFF",
+             "-DGGML_AVX_VNNI=OFF", "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"],
+}
+
+
+def target_dir(variant: str) -> Path:
+    return BUILD_ROOT / f"llama-{variant}"
+
+
+def is_built(variant: str) -> bool:
+    return (target_dir(variant) / "llama_cpp" / "__init__.py").exists()
+
+
+def build(variant: str) -> Path:
+    """pip-installs llama-cpp-python for `variant` into its folder (no-op when present)."""
+    out = target_dir(variant)
+    if is_built(variant):
+        return out
+    env = dict(os.environ, CMAKE_ARGS=shlex.join(VARIANTS[variant]), CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 2))
+    # typing-extensions/numpy/jinja2 come from the venv; diskcache is llama_cpp's only other import
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-cache-dir",
+                    "--target", str(out), LLAMA_CPP_PYTHON, "diskcache"], check=True, env=env)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
+    a = ap.parse_args()
+    for v in a.variants:
+        print(f"llama.cpp {v}: {build(v)}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

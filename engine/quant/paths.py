@@ -1,0 +1,124 @@
+"""Which kernel multiplies each weight format on this CPU, decided once per process and said.
+
+The instruction set is the one numba compiles for, not the host's by itself: numba's JIT
+takes the CPU name from NUMBA_CPU_NAME (else the host) and the ISA features from
+NUMBA_CPU_FEATURES (else the host's, whatever the name says — NUMBA_CPU_NAME=haswell alone
+still compiles AVX-512 on an AVX-512 host). `target()` reads both the way numba does.
+
+Levels (one kernel file each under engine/quant/):
+
+| level | where | int8 products | file |
+|---|---|---|---|
+| `avx512vnni` | Ice Lake+ Xeons, Zen 4/5 | `vpdpbusd` (+ `vpackssdw`, `vpdpwssd` for the K scales), 512-bit | `x86_avx512.py` |
+| `avx512bw` | Skylake-X / Cascade Lake without VNNI use | `vpmaddubsw` + `vpmaddwd`, 512-bit | `x86_avx512.py` |
+| `avxvnni` | Alder Lake+, Sierra Forest (AVX2 + VEX VNNI) | `vpdpbusd` + `vpackssdw` + `vpdpwssd`, 256-bit | `x86_avx2.py` |
+| `avx2` | Haswell+, Zen 1-3: the floor Lambda promises on x86 | `vpmaddubsw` + `vpmaddwd`, 256-bit | `x86_avx2.py` |
+| `portable` | arm64 (until its own kernels, issue 14), older x86 | float kernels, dequantize + BLAS | `kernels.py` |
+
+`kernel_paths()` is what the init log line and the bench receipt print:
+`{"Q4_K": {"decode": "avx2-int8", "prefill": "avx512vnni-int8"}, ...}`.
+"""
+from __future__ import annotations
+
+import platform
+from dataclasses import dataclass
+from functools import cache
+
+from gguf import GGMLQuantizationType as T
+
+X86 = {"x86_64", "AMD64"}
+
+# x86-64-v3 (what "held to AVX2" means, and the x86 floor Lambda promises): for
+# NUMBA_CPU_FEATURES in the benchmark and the AVX2 tests; every other host feature is turned off.
+X86_64_V3 = ("64bit", "cmov", "cx8", "cx16", "fxsr", "mmx", "sahf", "sse", "sse2", "sse3", "ssse3", "sse4.1",
+             "sse4.2", "crc32", "popcnt", "avx", "avx2", "bmi", "bmi2", "fma", "f16c", "lzcnt", "movbe", "xsave")
+
+INT8_FORMATS = (T.Q4_K, T.Q6_K, T.Q8_0)        # row kernels (decode) and tiles (prefill)
+TILE_FORMATS = (T.Q4_K, T.Q6_K)                 # per-ISA tiles; Q8_0's tile is portable IR
+
+
+@dataclass(frozen=True)
+class Target:
+    machine: str
+    cpu_name: str
+    features: frozenset[str]
+
+    def has(self, *names: str) -> bool:
+        return all(n in self.features for n in names)
+
+    @property
+    def level(self) -> str:
+        if self.machine not in X86 or not self.has("avx2", "fma", "f16c"):
+            return "portable"
+        if self.has("avx512bw", "avx512vl", "avx512vnni"):
+            return "avx512vnni"
+        if self.has("avx512bw", "avx512vl"):
+            return "avx512bw"
+        if self.has("avxvnni"):
+            return "avxvnni"
+        return "avx2"
+
+    @property
+    def vector_bytes(self) -> int:
+        """The integer tiles' vector width: 64 on the AVX-512 levels, else 32."""
+        return 64 if self.level.startswith("avx512") else 32
+
+
+def features_flag_string(enabled: tuple[str, ...]) -> str:
+    """A NUMBA_CPU_FEATURES value that turns on `enabled` and off every other host feature."""
+    import llvmlite.binding as llvm
+
+    host = llvm.get_host_cpu_features()
+    names = sorted(set(host) | set(enabled))
+    return ",".join(("+" if n in enabled else "-") + n for n in names)
+
+
+@cache
+def target() -> Target:
+    """The CPU numba compiles for in this process (fixed once numba has read its config)."""
+    from numba.core import config
+
+    import llvmlite.binding as llvm
+
+    name = config.CPU_NAME or llvm.get_host_cpu_name()
+    flat = config.CPU_FEATURES
+    if flat is None:
+        flat = llvm.get_host_cpu_features().flatten()
+    feats = frozenset(f[1:] for f in flat.split(",") if f.startswith("+"))
+    return Target(platform.machine(), name, feats)
+
+
+def has_int8(qtype) -> bool:
+    """Whether `qtype`'s products run in integer arithmetic here (decode rows and tiles)."""
+    return T(qtype) in INT8_FORMATS and target().level != "portable"
+
+
+def decode_path(qtype) -> str:
+    return f"{target().level}-int8" if has_int8(qtype) else "float"
+
+
+def prefill_path(qtype, tokens: int = 512) -> str:
+    """The kernel a prefill of `tokens` tokens runs for `qtype` (weights.Linear asks the same)."""
+    from engine.quant import kernels
+
+    if T(qtype) == T.F32:
+        return "blas"
+    if kernels.int8_prefill_wins(qtype, tokens):
+        return f"{target().level}-int8"
+    return "dequantize+blas"
+
+
+def kernel_paths(qtypes=None) -> dict[str, dict[str, str]]:
+    """Per format: the decode kernel and the 512-token prefill kernel chosen on this CPU."""
+    from engine.quant.formats import _REGISTRY
+
+    qts = qtypes if qtypes is not None else list(_REGISTRY)
+    out = {}
+    for qt in sorted({T(q) for q in qts}, key=lambda q: q.name):
+        out[qt.name] = {"decode": decode_path(qt), "prefill": prefill_path(qt)}
+    return out
+
+
+def summary() -> dict:
+    t = target()
+    return {"machine": t.machine, "cpu_name": t.cpu_name, "level": t.level}
