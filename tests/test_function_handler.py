@@ -375,6 +375,10 @@ def test_init_line_phase(tiny_model_path, capsys):
     inits = [json.loads(x) for x in capsys.readouterr().out.splitlines() if '"event":"init"' in x]
     assert len(inits) == 1 and inits[0]["phase"] == "init" and inits[0]["ok"] is True
     assert inits[0]["load_ms"] > 0 and "compile_ms" in inits[0] and inits[0]["model_id"] == r.engine.model_id
+    # the kernels chosen for this CPU, per weight format of the model (tiny F32: matrices in F32)
+    from engine.quant import paths
+    assert inits[0]["cpu"]["level"] == paths.target().level
+    assert inits[0]["kernels"] == {"F32": {"decode": "float", "prefill": "blas"}}
 
 
 def test_unloadable_model_is_503_everywhere_and_health_says_why(tmp_path, capsys):

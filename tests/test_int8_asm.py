@@ -15,6 +15,7 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 from engine.quant import kernels as K
+from engine.quant import paths
 from tests.asm import asm_of
 
 llvm = pytest.importorskip("llvmlite.binding")
@@ -27,6 +28,13 @@ EXPECTED = {
     T.Q4_K: ("vpmaddubsw", "vpmaddwd", "prefetcht0"),
     T.Q6_K: ("vpmaddubsw", "vpmaddwd", "prefetcht0"),
     T.Q8_0: ("vpmaddwd", "prefetcht0"),
+}
+# the K-format tiles per level (engine/quant/x86_avx512.py, x86_avx2.py)
+TILE_EXPECTED = {
+    "avx512vnni": ("vpdpbusd", "vpackssdw", "prefetcht0"),
+    "avx512bw": ("vpmaddubsw", "vpmaddwd", "prefetcht0"),
+    "avxvnni": ("vpdpbusd", "vpackssdw", "prefetcht0"),
+    "avx2": ("vpmaddubsw", "vpmaddwd", "prefetcht0"),
 }
 
 
@@ -48,16 +56,18 @@ def _compiled(qtype, tokens: int):
 @pytest.mark.parametrize("qtype", list(EXPECTED), ids=lambda t: t.name)
 def test_integer_row_kernels_use_the_x86_dot_instructions(qtype, tokens):
     asm = "\n".join(asm_of(_compiled(qtype, tokens)))
-    missing = [op for op in EXPECTED[qtype] if f"\t{op}" not in asm]
+    want = EXPECTED[qtype] if tokens == 1 or qtype == T.Q8_0 else TILE_EXPECTED[paths.target().level]
+    missing = [op for op in want if op not in asm]
     assert not missing, f"{qtype.name} x{tokens}: no {missing} in the kernel's assembly"
 
 
-@pytest.mark.skipif(not K._compiles_for_512_bit_integers(), reason="numba compiling for AVX-512BW")
+@pytest.mark.skipif(paths.target().vector_bytes != 64, reason="numba compiling for AVX-512BW")
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K], ids=lambda t: t.name)
 def test_prefill_tiles_use_512_bit_registers(qtype):
     # the K-format tiles are written as <64 x i8> so that one instruction covers two runs of 32
     # weights; where that is lost (a concatenated operand, a target that prefers 256 bits) the
     # prefill GEMM falls back to 256-bit code at ~0.6x the speed and nothing functional fails
     asm = "\n".join(asm_of(_compiled(qtype, 5)))
-    wide = [line for line in asm.splitlines() if "vpmaddubsw" in line and "zmm" in line]
-    assert wide, f"{qtype.name}: no vpmaddubsw on zmm registers in the tile kernel"
+    op = "vpdpbusd" if paths.target().level == "avx512vnni" else "vpmaddubsw"
+    wide = [line for line in asm.splitlines() if op in line and "zmm" in line]
+    assert wide, f"{qtype.name}: no {op} on zmm registers in the tile kernel"

@@ -134,16 +134,29 @@ def _q4_k_scales_mins(builder, u0, u1, u2):
 # alternating processes, 3-4 rounds): Q4_K_M 48.9-53.4 -> 40.8-53.5 ms per token (mean 51.4 ->
 # 46.3), Q8_0 71.9-75.4 -> 59.6-68.1; 256 bytes did little, 1024 matched 512 on Q8_0 and was
 # worse on the K formats, 2048 worse. A prefetch past the array's end is harmless (no fault).
-PREFETCH = 512
+# Intel cores want it further ahead: on an Emerald Rapids VM (2 threads, whole 0.8B Q4_K_M decode
+# steps, best of 4 x 16 per process, processes alternating, ms per token) 512 bytes 60-76,
+# 1024 56-65, 2048 48-61, 3072 38-56, 4096 43-63, 8192 62-64 (the host's noise is ±15 %).
+PREFETCH = 512          # AMD (znver*) and anything not x86
+PREFETCH_INTEL = 2048   # other x86 CPU names: Intel's, and the generic x86-64 levels
+
+
+def prefetch_bytes() -> int:
+    """How far ahead of a block the row kernels prefetch, for the CPU numba compiles for."""
+    from engine.quant import paths
+
+    t = paths.target()
+    return PREFETCH_INTEL if t.machine in paths.X86 and not t.cpu_name.startswith("znver") else PREFETCH
 
 
 def _prefetch(row: "_Row", p, span: int):
-    """Prefetch the `span` bytes of weights PREFETCH bytes past the block at row offset p."""
+    """Prefetch the `span` bytes of weights `prefetch_bytes()` past the block at row offset p."""
     b = row.b
     fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(ir.VoidType(), [I8.as_pointer(), I32, I32, I32]),
                                         "llvm.prefetch.p0")
+    ahead = prefetch_bytes()
     for off in range(0, span, 64):
-        ptr = _array_ptr(row.context, b, row.aty["row"], row.arg["row"], b.add(p, ir.Constant(I64, PREFETCH + off)), I8)
+        ptr = _array_ptr(row.context, b, row.aty["row"], row.arg["row"], b.add(p, ir.Constant(I64, ahead + off)), I8)
         b.call(fn, [ptr, ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
 
 
