@@ -4,9 +4,12 @@ decode   ms per decode step (10 steps after an 8-token prompt), then a cProfile 
 prefill  seconds for a 512-token batched prefill, then its cProfile
 extend   ms for an 18-token extend after a 569-token prefix (a chat turn), then its cProfile
 
-numba kernels show up under their Python names (`_mv_k_q8k`, `_dq_q6_k`, ...); BLAS calls made
-with ``@`` are counted in the caller's own time. The figures in the performance notes were
-taken with this (2 threads, 0.8B-shaped Q4_K_M factory model).
+numba kernels show up under their Python names (`_mv_k_q8k`, `_mm_k_q8k`, `_dq_q6_k`, ...); BLAS
+calls made with ``@`` / np.matmul are counted in the caller's own time, so after the cProfile
+table a per-kernel summary names them: `weights.py __call__` is the prefill GEMMs
+(dequantize + BLAS), `_heads` the DeltaNet chunk products, `causal_attention` attention's. The
+first lines say which CPU level and kernels ran (engine/quant/paths.py). The figures in the
+performance notes were taken with this (2 threads, 0.8B-shaped Q4_K_M factory model).
 """
 from __future__ import annotations
 
@@ -30,7 +33,10 @@ def main(argv: list[str] | None = None) -> None:
     threads.configure(a.threads)
     from engine.generate import Engine
 
-    model = Engine.load(a.model).model
+    eng = Engine.load(a.model)
+    model = eng.model
+    from engine.quant import paths
+    print(f"cpu: {paths.summary()}  kernels: {eng.kernel_paths}")
     ids = np.random.default_rng(0).integers(0, 4000, 600)
     if a.what == "decode":
         state = model.new_state()
@@ -58,7 +64,32 @@ def main(argv: list[str] | None = None) -> None:
     prof.enable()
     run()
     prof.disable()
-    pstats.Stats(prof).sort_stats("tottime").print_stats(a.top)
+    stats = pstats.Stats(prof)
+    stats.sort_stats("tottime").print_stats(a.top)
+    _kernel_summary(stats, a.top)
+
+
+# what a function's own time is, where BLAS runs inside it (see the module docstring)
+_BLAS_IN = {("weights.py", "__call__"): "prefill GEMMs (dequantize + BLAS x @ W.T)",
+            ("deltanet.py", "_heads"): "DeltaNet chunk products (BLAS)",
+            ("attention.py", "causal_attention"): "attention products (BLAS)",
+            ("kernels.py", "tokens_q8k"): "Q4_K mins product (BLAS)"}
+
+
+def _kernel_summary(stats: pstats.Stats, top: int) -> None:
+    """Own time per kernel, with the functions that hold BLAS time named for what they do."""
+    rows = []
+    total = 0.0
+    for (path, _line, name), (_cc, _nc, tottime, _ct, _callers) in stats.stats.items():  # type: ignore[attr-defined]
+        total += tottime
+        base = path.rsplit("/", 1)[-1]
+        if "/engine/" not in path and not name.startswith("<"):
+            continue
+        rows.append((tottime, f"{base}:{name}", _BLAS_IN.get((base, name), "")))
+    rows.sort(reverse=True)
+    print(f"per kernel (own time, of {total:.3f} s profiled):")
+    for t, where, what in rows[:top]:
+        print(f"  {t:8.3f} s {100 * t / max(total, 1e-9):5.1f} %  {where:45s} {what}")
 
 
 if __name__ == "__main__":
