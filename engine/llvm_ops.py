@@ -100,15 +100,17 @@ def fp_control_or(typingctx, bits):
 
         i32, i64 = ir.IntType(32), ir.IntType(64)
         b = builder.zext(args[0], i64) if bits.bitwidth < 64 else args[0]
-        if platform.machine() in ("aarch64", "arm64"):
-            read = ir.InlineAsm(ir.FunctionType(i64, []), "mrs $0, fpcr", "=r", side_effect=True)
-            write = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i64]), "msr fpcr, $0", "r", side_effect=True)
+        mod = builder.module
+        if platform.machine() in ("aarch64", "arm64"):  # intrinsics: numba's JIT parses no inline asm there
+            read = mod.globals.get("llvm.aarch64.get.fpcr") or ir.Function(mod, ir.FunctionType(i64, []),
+                                                                           "llvm.aarch64.get.fpcr")
+            write = mod.globals.get("llvm.aarch64.set.fpcr") or ir.Function(
+                mod, ir.FunctionType(ir.VoidType(), [i64]), "llvm.aarch64.set.fpcr")
             new = builder.or_(builder.call(read, []), b)
             builder.call(write, [new])
             return new
         ptr_t = ir.IntType(8).as_pointer()
         fty = ir.FunctionType(ir.VoidType(), [ptr_t])
-        mod = builder.module
         st = mod.globals.get("llvm.x86.sse.stmxcsr") or ir.Function(mod, fty, "llvm.x86.sse.stmxcsr")
         ld = mod.globals.get("llvm.x86.sse.ldmxcsr") or ir.Function(mod, fty, "llvm.x86.sse.ldmxcsr")
         slot = builder.alloca(i32)
