@@ -350,21 +350,29 @@ def _accumulate(b, acc_ptr, isum, scale):
     b.store(_fma(b, b.sitofp(isum, _vec(F32, n)), _splat_f32(b, scale, n), b.load(acc_ptr)), acc_ptr)
 
 
+def k_row_block(kind: str, row: "_Row", a: "_Args", i):
+    """Block i of a Q4_K / Q6_K row as eight 32-byte runs (prefetching ahead): (quants, the
+    runs' scale vectors, Q4_K's mins or Q6_K's -32 offset against the activation sums, the
+    GroupScales, d, Q4_K's dmin or None)."""
+    b = row.b
+    i64 = lambda v: ir.Constant(I64, v)  # noqa: E731
+    if kind == "q4_k":
+        p = b.mul(i, i64(144))
+        _prefetch(row, p, 144)
+        quants, scales, mins, groups = _q4_k_unpack(a, row.ix["row"], p)
+        return quants, scales, mins, groups, row.half(p), row.half(b.add(p, i64(2)))
+    p = b.mul(i, i64(210))
+    _prefetch(row, p, 210)
+    quants, scales, offset, groups = _q6_k_unpack(a, row.ix["row"], p, row.ix["row"], b.add(p, i64(192)))
+    return quants, scales, offset, groups, row.half(b.add(p, i64(208))), None
+
+
 def _k_block(kind: str):
     """Block body of the Q4_K / Q6_K rows (Q8_K activations: 256 int8, f32 scale, int16 sums)."""
     def block(row, a, i, accs):
         b = row.b
         i64 = lambda v: ir.Constant(I64, v)  # noqa: E731
-        if kind == "q4_k":
-            p = b.mul(i, i64(144))
-            _prefetch(row, p, 144)
-            quants, scales, mins, _ = _q4_k_unpack(a, row.ix["row"], p)
-            d, dmin = row.half(p), row.half(b.add(p, i64(2)))
-        else:
-            p = b.mul(i, i64(210))
-            _prefetch(row, p, 210)
-            quants, scales, offset, _ = _q6_k_unpack(a, row.ix["row"], p, row.ix["row"], b.add(p, i64(192)))
-            d = row.half(b.add(p, i64(208)))
+        quants, scales, by_sums, _, d, dmin = k_row_block(kind, row, a, i)  # by_sums: mins / offset
         for t in range(row.ntok):
             o = b.add(row.offset("xo", "xstride", t), b.mul(i, i64(256)))
             sums = _sums16(a, row.ix["xs"], b.add(row.offset("so", "sstride", t), b.mul(i, i64(16))))
@@ -375,9 +383,9 @@ def _k_block(kind: str):
             xd = row.load("xd", b.add(row.offset("do", "dstride", t), i), F32)
             if kind == "q4_k":
                 _accumulate(b, accs[t], isum, b.fmul(d, xd))
-                _accumulate(b, accs[t], _pair_sums(b, sums, mins), b.fsub(ir.Constant(F32, 0.0), b.fmul(dmin, xd)))
+                _accumulate(b, accs[t], _pair_sums(b, sums, by_sums), b.fsub(ir.Constant(F32, 0.0), b.fmul(dmin, xd)))
             else:
-                _accumulate(b, accs[t], b.add(isum, _pair_sums(b, sums, offset)), b.fmul(d, xd))
+                _accumulate(b, accs[t], b.add(isum, _pair_sums(b, sums, by_sums)), b.fmul(d, xd))
     return block
 
 

@@ -2,8 +2,7 @@
 the x86-64-v3 floor (AVX2) and AVX-VNNI (AVX2 hosts with VEX `vpdpbusd`/`vpdpwssd`: Alder Lake
 and later client cores, Sierra Forest, Zen 5 without AVX-512 enabled).
 
-The block is int8_dot's row layout (`_q4_k_unpack` / `_q6_k_unpack`): eight 32-byte runs per
-256-value block. Runs are the outer loop and tokens the inner one, so a run's weights and scales
+The block is int8_dot's row layout (`k_row_block`): eight 32-byte runs per 256-value block. Runs are the outer loop and tokens the inner one, so a run's weights and scales
 stay in two of the 16 ymm registers while the tile's tokens pass them (the 64-byte layout
 split in halves by LLVM needs all 8 runs live at once and spilled on a 16-register target).
 
@@ -16,9 +15,8 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from engine.quant.int8_dot import (I8, I16, I32, I64, _accumulate, _pair_sums, _prefetch, _q4_k_unpack,
-                                   _q6_k_unpack, _vec, token_sums, x86_call)
-from engine.quant.int8_dot import F32
+from engine.quant.int8_dot import (F32, I8, I16, I32, I64, _accumulate, _pair_sums, _vec, k_row_block, token_sums,
+                                   x86_call)
 
 
 def tile_block(kind: str, vnni: bool):
@@ -27,17 +25,8 @@ def tile_block(kind: str, vnni: bool):
     def block(row, a, i, accs):
         b = row.b
         i64 = lambda v: ir.Constant(I64, v)  # noqa: E731
-        if kind == "q4_k":
-            p = b.mul(i, i64(144))
-            _prefetch(row, p, 144)
-            quants, scales, _, groups = _q4_k_unpack(a, row.ix["row"], p)
-            d = row.half(p)
-            offset = None
-        else:
-            p = b.mul(i, i64(210))
-            _prefetch(row, p, 210)
-            quants, scales, offset, groups = _q6_k_unpack(a, row.ix["row"], p, row.ix["row"], b.add(p, i64(192)))
-            d = row.half(b.add(p, i64(208)))
+        quants, scales, by_sums, groups, d, _ = k_row_block(kind, row, a, i)
+        offset = by_sums if kind == "q6_k" else None  # Q4_K's mins: the caller's
         v8 = _vec(I32, 8)
         zero = ir.Constant(v8, [0] * 8)
         offs = [b.add(row.offset("xo", "xstride", t), b.mul(i, i64(256))) for t in range(row.ntok)]
