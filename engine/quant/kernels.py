@@ -752,9 +752,9 @@ def has_multi_token_kernel(qtype) -> bool:
 # (Zen 4/5 run 512-bit integer multiplies on two pipes). Measured, 0.8B Q4_K_M, 2 threads:
 # Zen 5, 3584x1024 Q4_K at T = 512: tile 264-278 GMAC/s vs dequantize + BLAS 216-231, whole
 # 512-token forward 1.24-1.27 s vs 1.66-1.79 s. Emerald Rapids (one 512-bit integer-multiply
-# port), whole 512-token forward, both kinds of model in one process, alternating, best of 4:
-# the x86_avx512 VNNI tile 69.2 tok/s vs dequantize + OpenBLAS 101.1 (/tmp-style A/B in the
-# issue 21 note); the AVX2 tile (x86_avx2) lost there too, 42-45 vs 59-70 GMAC/s per matrix.
+# port), whole 512-token forwards, two copies of the model in one process alternating, best of
+# 3-4, two runs: the x86_avx512 VNNI tile 69.2 and 95.4 tok/s vs dequantize + OpenBLAS 101.1 and
+# 93.4 (a loss, then a tie); the AVX2 tile (x86_avx2) lost per matrix, 42-45 vs 59-70 GMAC/s.
 def _tiles_win_at_every_length() -> bool:
     t = paths.target()
     return t.level in ("avx512vnni", "avx512bw") and t.cpu_name.startswith("znver")
