@@ -11,10 +11,14 @@ bench/results/<stamp>.json:
   kernels engine/quant/paths.py picks for it; llama.cpp built GGML_NATIVE=ON without AMX), with
   OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE unset, as on Lambda;
 - `native-pinned`: the same with this machine's OpenBLAS pin left set;
-- `avx2`: both held to x86-64-v3 — ours through NUMBA_CPU_NAME=haswell *and* NUMBA_CPU_FEATURES
+- `avx2`: both held to x86-64-v3 — ours through NUMBA_CPU_NAME=x86-64-v3 *and* NUMBA_CPU_FEATURES
   with every feature above AVX2 off (the name alone keeps the host's features: numba's JIT
   takes its ISA from NUMBA_CPU_FEATURES, else the host), OpenBLAS pinned to Haswell; llama.cpp
   built GGML_NATIVE=OFF with AVX2/FMA/F16C and no AVX-512/AVX-VNNI (bench/build_llama.py).
+  The name is x86-64-v3, not haswell: it is what the x86_64 image compiles for (Dockerfile,
+  cpu.json), and generic tuning is what llama.cpp's -mavx2 build gets. Haswell's scheduling
+  model made the parallel Q8_0 decode kernel 2.5-3x slower than its own serial twin on an
+  Emerald Rapids host (same inner loop; docs/cpus.md), a cost no Lambda function pays.
 
 The llama.cpp side imports the build for its mode from .bench/llama-<variant>/ (make bench
 builds them first, ~15 min each on 2 cores), else whatever `llama_cpp` the venv has.
@@ -83,7 +87,7 @@ def _mode_env(mode: str, threads: int) -> tuple[dict, str]:
         env.setdefault("OPENBLAS_CORETYPE", "Haswell")
     if mode == "avx2":
         from engine.quant import paths
-        env.update(NUMBA_CPU_NAME="haswell", NUMBA_CPU_FEATURES=paths.features_flag_string(paths.X86_64_V3),
+        env.update(NUMBA_CPU_NAME="x86-64-v3", NUMBA_CPU_FEATURES=paths.features_flag_string(paths.X86_64_V3),
                    OPENBLAS_CORETYPE="Haswell")
     if build_llama.is_built(variant):
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(build_llama.target_dir(variant)), env.get("PYTHONPATH")) if p)
