@@ -42,11 +42,12 @@ import uuid
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
-from engine.state import AttentionState, DeltaNetState, State
+from engine.state import LAYER_KINDS, LayerState, State
 
 MAGIC = b"WLLMSNAP"
 FORMAT_VERSION = 1
@@ -132,13 +133,7 @@ class SnapshotError(Exception):
 
 def state_layout(state: State) -> list[tuple[str, tuple[int, ...], tuple[int, ...]]]:
     """Per layer: kind and the shapes that must match (conv, S) or (n_kv_heads, head_dim)."""
-    out = []
-    for l in state.layers:
-        if isinstance(l, DeltaNetState):
-            out.append(("deltanet", tuple(l.conv.shape), tuple(l.S.shape)))
-        else:
-            out.append(("attention", (l.k.shape[0], l.k.shape[2]), ()))
-    return out
+    return [(l.kind, *l.layout()) for l in state.layers]
 
 
 def serialize(snap: Snapshot, fingerprint: str, prefix_hash: str, created: float | None = None) -> bytearray:
@@ -150,12 +145,8 @@ def serialize(snap: Snapshot, fingerprint: str, prefix_hash: str, created: float
         arrays.append(("logits", np.ascontiguousarray(snap.logits, dtype="<f4")))
     kinds = []
     for i, l in enumerate(snap.state.layers):
-        if isinstance(l, DeltaNetState):
-            kinds.append("deltanet")
-            arrays += [(f"{i}.conv", l.conv), (f"{i}.S", l.S)]
-        else:
-            kinds.append("attention")
-            arrays += [(f"{i}.k", l.k[:, :n]), (f"{i}.v", l.v[:, :n])]
+        kinds.append(l.kind)
+        arrays += [(f"{i}.{name}", a) for name, a in l.named_arrays(n).items()]
     table = []
     offset = 0
     for name, a in arrays:
@@ -179,7 +170,7 @@ def serialize(snap: Snapshot, fingerprint: str, prefix_hash: str, created: float
     _PRELUDE.pack_into(buf, 0, MAGIC, FORMAT_VERSION, 0, len(hb))
     buf[_PRELUDE.size:_PRELUDE.size + len(hb)] = hb
     mv = memoryview(buf)
-    for (name, a), entry in zip(arrays, table):
+    for (_name, a), entry in zip(arrays, table):
         a = np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<"))
         start = data_start + entry["offset"]
         mv[start:start + entry["nbytes"]] = a.reshape(-1).view(np.uint8)
@@ -245,21 +236,16 @@ def deserialize(data: bytes | bytearray | memoryview, *, fingerprint: str, key: 
     kinds = header.get("layers")
     if kinds != [k for k, _, _ in layout]:
         raise SnapshotError("wrong_model", f"layer kinds {kinds} do not match the model")
-    layers: list[DeltaNetState | AttentionState] = []
+    layers: list[LayerState] = []
     try:
         for i, (kind, s1, s2) in enumerate(layout):
-            if kind == "deltanet":
-                conv, S = arrays[f"{i}.conv"], arrays[f"{i}.S"]
-                if conv.shape != s1 or S.shape != s2:
-                    raise SnapshotError("wrong_model", f"layer {i} state shapes {conv.shape}, {S.shape} "
-                                                       f"!= {s1}, {s2}")
-                layers.append(DeltaNetState(conv, S))
-            else:
-                k, v = arrays[f"{i}.k"], arrays[f"{i}.v"]
-                want = (s1[0], n, s1[1])
-                if k.shape != want or v.shape != want:
-                    raise SnapshotError("wrong_model", f"layer {i} KV shape {k.shape} != {want}")
-                layers.append(AttentionState(k, v))
+            cls = LAYER_KINDS[kind]
+            want = cls.expected_shapes((s1, s2), n)
+            got = {name: arrays[f"{i}.{name}"] for name in want}
+            if any(got[name].shape != shape for name, shape in want.items()):
+                raise SnapshotError("wrong_model", f"layer {i} ({kind}) state shapes "
+                                                   f"{[a.shape for a in got.values()]} != {list(want.values())}")
+            layers.append(cls.from_arrays(got))
     except KeyError as exc:
         raise SnapshotError("corrupt", f"array {exc} missing") from None
     return Snapshot(tok, State(n, layers), arrays.get("logits"))
@@ -416,7 +402,7 @@ class DirTier:
                     files.append((st.st_mtime, st.st_size, e.path))
         total = sum(f[1] for f in files)
         gone = []
-        for mtime, size, p in sorted(files):
+        for _mtime, size, p in sorted(files):
             if total <= self.cap_bytes:
                 break
             if _unlink(p):
@@ -646,7 +632,7 @@ class SnapshotStore:
 
     @classmethod
     def from_env(cls, fingerprint: str, layout: list, env: Mapping[str, str] | None = None,
-                 s3_client: Any = None, log: Callable[..., None] = log_event) -> "SnapshotStore":
+                 s3_client: Any = None, log: Callable[..., None] = log_event) -> SnapshotStore:
         env = os.environ if env is None else env
         return cls(
             fingerprint, layout,
