@@ -5,7 +5,7 @@ import argparse
 import collections
 import json
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

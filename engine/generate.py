@@ -9,7 +9,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -111,7 +111,7 @@ class Engine:
 
     @classmethod
     def load(cls, path: str, threads: int | None = None, n_ctx: int | None = None, warm_up: bool = True, *,
-             snapshot_store: SnapshotStore | None = None) -> "Engine":
+             snapshot_store: SnapshotStore | None = None) -> Engine:
         t0 = time.perf_counter()
         tc = threads_mod.configure(threads)
         f = GGUFFile(path)
@@ -224,7 +224,7 @@ class Engine:
                 return list(held) + rest, len(held)
         return self.tokenizer.encode(text), 0
 
-    def encode_prompt(self, prompt: "str | list[int] | ChatPrompt") -> tuple[list[int], list[int]]:
+    def encode_prompt(self, prompt: str | list[int] | ChatPrompt) -> tuple[list[int], list[int]]:
         """(ids, checkpoint boundaries) for any prompt form generate() accepts."""
         if isinstance(prompt, ChatPrompt):
             return list(prompt.ids), list(prompt.boundaries)
@@ -237,7 +237,7 @@ class Engine:
         handler may call it before returning; atexit does it at process exit."""
         return self.snapshots.flush(timeout)
 
-    def generate(self, prompt: "str | list[int] | ChatPrompt", *, max_tokens: int,
+    def generate(self, prompt: str | list[int] | ChatPrompt, *, max_tokens: int,
                  sampling: SamplingParams | None = None,
                  stop: Sequence[str] = (), deadline: float | None = None,
                  on_text: Callable[[str], None] | None = None) -> GenerationResult:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -157,6 +157,7 @@ class Session:
         except BaseException:
             self.reset()
             raise
+        assert logits is not None  # logits="last" always returns them
         self.tokens.append(int(token))
         self.last_logits = logits
         return logits
@@ -182,7 +183,8 @@ class Session:
                 self.tokens.extend(prompt[pos:nxt])
                 pos = nxt
                 t1 = time.perf_counter()
-                for p in wanted:
+                for p in wanted:  # non-empty only with a store
+                    assert store is not None
                     snap = Snapshot(np.asarray(prompt[:p], dtype=np.int32), states[p],
                                     None if p != end else np.array(logits, dtype=np.float32, copy=True))
                     store.put((p, hashes[p]), snap)

@@ -85,7 +85,7 @@ def log_event(event: str, **fields: Any) -> None:
 
 # ---- identity ------------------------------------------------------------------------------
 
-def prefix_hashes(tokens: Sequence[int], positions: Iterable[int]) -> dict[int, str]:
+def prefix_hashes(tokens: Sequence[int] | np.ndarray, positions: Iterable[int]) -> dict[int, str]:
     """SHA-256 (hex, 32 chars) of the int32 LE bytes of tokens[:p] for each p, in one pass."""
     arr = np.asarray(tokens, dtype="<i4")
     h = hashlib.sha256()
@@ -147,7 +147,7 @@ def serialize(snap: Snapshot, fingerprint: str, prefix_hash: str, created: float
     for i, l in enumerate(snap.state.layers):
         kinds.append(l.kind)
         arrays += [(f"{i}.{name}", a) for name, a in l.named_arrays(n).items()]
-    table = []
+    table: list[dict[str, Any]] = []
     offset = 0
     for name, a in arrays:
         a = np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<"))
@@ -173,7 +173,8 @@ def serialize(snap: Snapshot, fingerprint: str, prefix_hash: str, created: float
     for (_name, a), entry in zip(arrays, table):
         a = np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<"))
         start = data_start + entry["offset"]
-        mv[start:start + entry["nbytes"]] = a.reshape(-1).view(np.uint8)
+        # numpy declares the buffer protocol to mypy only for Python >= 3.12
+        mv[start:start + entry["nbytes"]] = a.reshape(-1).view(np.uint8)  # type: ignore[call-overload]
     buf[total - _DIGEST:] = hashlib.sha256(mv[:total - _DIGEST]).digest()
     return buf
 
@@ -626,7 +627,8 @@ class SnapshotStore:
         self._closed = False
         if self.s3 is not None and s3_client is None:
             # boto3's import and client setup take ~0.3 s: do it now, off the request path
-            threading.Thread(target=lambda: self.s3.client, name="warmllm-s3-client", daemon=True).start()
+            s3 = self.s3
+            threading.Thread(target=lambda: s3.client, name="warmllm-s3-client", daemon=True).start()
         if self.slow_tiers and flush_at_exit_s > 0:
             atexit.register(self._flush_at_exit, flush_at_exit_s)
 
@@ -810,6 +812,7 @@ class SnapshotStore:
             fields: dict[str, Any] = {}
             try:
                 if job.data is None:
+                    assert job.snap is not None  # a job carries its snapshot until serialized
                     job.data = serialize(job.snap, self.fingerprint, job.key[1])
                     job.snap = None
                 if job.tier.exists(job.key):

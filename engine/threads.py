@@ -54,6 +54,10 @@ import os
 import platform
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from concurrent.futures import ThreadPoolExecutor
 
 # libgomp's spin before an idle numba thread sleeps, in loop iterations: a `pause` (~65-140
 # cycles) on x86_64, a compiler barrier (~1-2 ns) on arm64, so arm64 gets 20x the count for about
@@ -156,7 +160,7 @@ def _subnormal_policy_everywhere(n_numba: int) -> None:
 
 
 _controller = None
-_pool = None  # worker threads for split_over_threads, made on first use and kept (the warm process reuses them)
+_pool: ThreadPoolExecutor | None = None  # worker threads for split_over_threads, made on first use and kept (the warm process reuses them)
 _pool_size = 0
 
 
@@ -185,6 +189,7 @@ def split_over_threads(fn: Callable[[int, int], None], n_items: int) -> None:
 
             _pool = ThreadPoolExecutor(max_workers=parts - 1, thread_name_prefix="warmllm-split")
             _pool_size = parts - 1
+        assert _pool is not None
         futures = [_pool.submit(fn, lo, hi) for lo, hi in bounds[1:]]
         fn(*bounds[0])
         for f in futures:

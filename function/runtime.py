@@ -19,6 +19,7 @@ import threading
 import time
 import traceback
 import uuid
+from typing import TYPE_CHECKING
 
 from . import deadline as deadline_mod
 from . import events
@@ -27,6 +28,11 @@ from .errors import APIError, bad_request, context_overflow, internal, method_no
     not_found, unauthorized
 from .request_log import RequestLog, emit, init_line
 from .tool_calls import parse_output
+
+if TYPE_CHECKING:  # loaded in the init thread, never at import (cold start)
+    from engine.generate import Engine
+
+    from .model_source import ResolvedModel
 
 ROUTES = {
     "/v1/chat/completions": ("POST", "chat"),
@@ -65,11 +71,11 @@ class Runtime:
     def __init__(self, environ=None, s3_client=None) -> None:
         self.env = dict(os.environ if environ is None else environ)
         self.s3_client = s3_client
-        self.engine = None
+        self.engine: Engine | None = None
         self.error: str | None = None
         self.error_permanent = False
         self.failed_at = 0.0
-        self.resolved = None
+        self.resolved: ResolvedModel | None = None
         self._thread: threading.Thread | None = None
         self._load_started = 0.0
         self._init_reported = False
@@ -119,16 +125,17 @@ class Runtime:
     def start_init(self, budget_s: float | None = None) -> None:
         """Start loading; wait up to the init budget; print the init line if it finished."""
         budget = _env_float(self.env, "INIT_BUDGET_S", 8.0) if budget_s is None else budget_s
-        self._start_thread()
-        self._thread.join(budget)
-        if not self._thread.is_alive():
+        th = self._start_thread()
+        th.join(budget)
+        if not th.is_alive():
             self._report_init("init")
 
-    def _start_thread(self) -> None:
+    def _start_thread(self) -> threading.Thread:
         self._init_reported = False
         self._load_started = time.monotonic()
-        self._thread = threading.Thread(target=self._load, name="warmllm-model-load", daemon=True)
-        self._thread.start()
+        th = self._thread = threading.Thread(target=self._load, name="warmllm-model-load", daemon=True)
+        th.start()
+        return th
 
     def _report_init(self, phase: str) -> None:
         if self._init_reported:
@@ -145,9 +152,7 @@ class Runtime:
                 emit({"event": "model_load_retry", "previous_error": self.error})
                 self.error = None
                 self._start_thread()
-            if self._thread is None:
-                self._start_thread()
-        th = self._thread
+            th = self._thread if self._thread is not None else self._start_thread()
         if th.is_alive():
             th.join(max(0.0, until_mono - time.monotonic()))
             if th.is_alive():
@@ -212,8 +217,8 @@ class Runtime:
         except Exception as exc:        # a bug in warmllm: never user input
             emit({"event": "error", "request_id": rid, "error": f"{type(exc).__name__}: {exc}",
                   "traceback": traceback.format_exc(limit=12)})
-            err = internal(rid, exc)
-            return self._finish(log, kind, err.status, err.body(), headers, error_code=err.code)
+            bug = internal(rid, exc)
+            return self._finish(log, kind, bug.status, bug.body(), headers, error_code=bug.code)
 
     def _finish(self, log: RequestLog, kind: str, status: int, body, headers, *, content_type="application/json",
                 error_code=None):
