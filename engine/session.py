@@ -21,11 +21,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from engine.settings import DEFAULT_PREFILL_CHUNK
 from engine.models.qwen35 import Qwen35
 from engine.snapshots import Snapshot, SnapshotStore, prefix_hashes
 from engine.state import State
 
-DEFAULT_PREFILL_CHUNK = 512
 MIN_SEGMENT = 8  # checkpoints closer than this to the previous one are skipped (memory for little reuse)
 
 

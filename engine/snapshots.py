@@ -42,11 +42,13 @@ import uuid
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
 
+from engine.settings import (DEFAULT_SNAPSHOT_DIR_MB, DEFAULT_SNAPSHOT_EVERY, DEFAULT_SNAPSHOT_FLUSH_S,
+                             DEFAULT_SNAPSHOT_MEMORY_MB, SnapshotSettings)
 from engine.state import LAYER_KINDS, LayerState, State
 
 MAGIC = b"WLLMSNAP"
@@ -58,10 +60,10 @@ _DIGEST = 32
 _MAX_HEADER = 1 << 20
 _DTYPES = {"<f4": np.float32, "<i4": np.int32}
 
-DEFAULT_EVERY = 256
-DEFAULT_MEMORY_MB = 512
-DEFAULT_DIR_MB = 10240
-DEFAULT_FLUSH_S = 30.0
+DEFAULT_EVERY = DEFAULT_SNAPSHOT_EVERY
+DEFAULT_MEMORY_MB = int(DEFAULT_SNAPSHOT_MEMORY_MB)
+DEFAULT_DIR_MB = int(DEFAULT_SNAPSHOT_DIR_MB)
+DEFAULT_FLUSH_S = DEFAULT_SNAPSHOT_FLUSH_S
 # With a memory hit, a slower tier is asked only for prefixes at least this many tokens longer:
 # restoring from it costs more than prefilling fewer (0.8B Q4_K_M: directory restore ~100 ms,
 # S3 ~150 ms plus a HEAD round trip for every longer candidate, against ~5 ms per token of a
@@ -590,16 +592,6 @@ class _Job:
     attempt: int = 0
 
 
-def _env_float(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = env.get(name, "")
-    if raw.strip() == "":
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise ValueError(f"{name} must be a number, got {raw!r}") from None
-
-
 class SnapshotStore:
     """Memory → directory → S3, with a background writer for the slower tiers."""
 
@@ -633,20 +625,13 @@ class SnapshotStore:
             atexit.register(self._flush_at_exit, flush_at_exit_s)
 
     @classmethod
-    def from_env(cls, fingerprint: str, layout: list, env: Mapping[str, str] | None = None,
-                 s3_client: Any = None, log: Callable[..., None] = log_event) -> SnapshotStore:
-        env = os.environ if env is None else env
+    def from_settings(cls, fingerprint: str, layout: list, s: SnapshotSettings,
+                      s3_client: Any = None, log: Callable[..., None] = log_event) -> SnapshotStore:
         return cls(
             fingerprint, layout,
-            memory_bytes=int(_env_float(env, "SNAPSHOT_MEMORY_MB", DEFAULT_MEMORY_MB) * (1 << 20)),
-            dir=env.get("SNAPSHOT_DIR") or None,
-            dir_bytes=int(_env_float(env, "SNAPSHOT_DIR_MB", DEFAULT_DIR_MB) * (1 << 20)),
-            s3_uri=env.get("SNAPSHOT_S3_URI") or None, s3_client=s3_client,
-            s3_endpoint_url=env.get("SNAPSHOT_S3_ENDPOINT_URL") or None,
-            every=int(_env_float(env, "SNAPSHOT_EVERY", DEFAULT_EVERY)),
-            max_age_s=_env_float(env, "SNAPSHOT_MAX_AGE_S", 0.0),
-            flush_at_exit_s=_env_float(env, "SNAPSHOT_FLUSH_S", DEFAULT_FLUSH_S),
-            log=log,
+            memory_bytes=int(s.memory_mb * (1 << 20)), dir=s.dir, dir_bytes=int(s.dir_mb * (1 << 20)),
+            s3_uri=s.s3_uri, s3_client=s3_client, s3_endpoint_url=s.s3_endpoint_url,
+            every=s.every, max_age_s=s.max_age_s, flush_at_exit_s=s.flush_s, log=log,
         )
 
     @property

@@ -1,7 +1,7 @@
 """The one place that configures threads for numba kernels and BLAS.
 
-``configure(threads=None)`` picks the thread count (argument, else ``WARMLLM_THREADS``, else the
-CPUs this process may run on), sets numba's count and caps the BLAS pool (threadpoolctl) to the
+``configure(threads=None)`` picks the thread count (argument — ``Settings.threads``, from
+``WARMLLM_THREADS`` at the edge — else the CPUs this process may run on), sets numba's count and caps the BLAS pool (threadpoolctl) to the
 same number so prefill (numba dequant -> BLAS GEMM) and decode (numba matvec) share N cores.
 
 Chosen setup (applied before the first parallel kernel launch; env vars already set win):
@@ -88,16 +88,7 @@ def available_cpus() -> int:
 
 
 def _requested(threads: int | None) -> int:
-    if threads is None:
-        env = os.environ.get("WARMLLM_THREADS", "").strip()
-        if env:
-            try:
-                threads = int(env)
-            except ValueError:
-                raise ValueError(f"WARMLLM_THREADS must be a positive integer, got {env!r}") from None
-        else:
-            threads = available_cpus()
-    threads = int(threads)
+    threads = available_cpus() if threads is None else int(threads)
     if threads < 1:
         raise ValueError(f"thread count must be >= 1, got {threads}")
     return threads
