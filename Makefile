@@ -8,7 +8,7 @@ WEIGHTS ?= Q4_K_M
 MODEL  ?= models/$(PRESET)-$(WEIGHTS).gguf
 export NUMBA_CACHE_DIR ?= $(CURDIR)/.numba_cache
 
-.PHONY: test-arm64 test-arm64-ci install run generate test test-oracle oracle-fixtures bench serve layer model clean
+.PHONY: lint test-arm64 test-arm64-ci install run generate test test-oracle oracle-fixtures bench serve layer model clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,11 @@ serve: $(STAMP) $(MODEL)
 ARCH ?= arm64
 layer: $(STAMP)
 	$(PY) layers/build.py --arch $(ARCH)
+
+# ruff (rules in pyproject.toml) over every Python tree, mypy over engine/ and function/: zero findings.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check engine function bench tests scripts layers
+	$(VENV)/bin/mypy
 
 test: $(STAMP)
 	$(PY) -m pytest -q

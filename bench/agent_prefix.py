@@ -99,9 +99,10 @@ def _run(eng, messages, reply="Done.") -> dict:
 def child(args) -> int:
     """A cold process: load, then one request."""
     from engine.generate import Engine
+    from engine.settings import Settings
 
     t0 = time.perf_counter()
-    eng = Engine.load(args.model)
+    eng = Engine.load(args.model, settings=Settings.from_env(os.environ))
     load_ms = (time.perf_counter() - t0) * 1e3
     out = _run(eng, json.loads(args.messages))
     out["load_ms"] = round(load_ms, 1)
@@ -178,9 +179,10 @@ def _measure(args, work: str) -> int:
             os.environ["SNAPSHOT_S3_ENDPOINT_URL"] = env["SNAPSHOT_S3_ENDPOINT_URL"]
 
         from engine.generate import Engine
+        from engine.settings import Settings
 
         writes: list[dict] = []
-        eng = Engine.load(args.model)
+        eng = Engine.load(args.model, settings=Settings.from_env(os.environ))
         eng.snapshots.log = lambda event, **f: writes.append({"event": event, **f})
         msgs = _messages(eng, args.tokens)
         out: dict = {"model": args.model, "threads": eng.threads}

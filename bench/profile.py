@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import os
 import pstats
 import time
 
@@ -32,8 +33,9 @@ def main(argv: list[str] | None = None) -> None:
     from engine import threads
     threads.configure(a.threads)
     from engine.generate import Engine
+    from engine.settings import Settings
 
-    eng = Engine.load(a.model)
+    eng = Engine.load(a.model, settings=Settings.from_env(os.environ))
     model = eng.model
     from engine.quant import paths
     print(f"cpu: {paths.summary()}  kernels: {eng.kernel_paths}")

@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 
+from engine.settings import Settings
 from engine.generate import Engine
 from engine.quant import paths
 from engine.session import Session
@@ -23,11 +24,11 @@ def _ids(n: int, vocab: int, seed: int) -> list[int]:
 
 
 def run(model: str, p: int = 512, n: int = 128, threads: int | None = None, tbt: int = 32,
-        extra_pp: tuple[int, ...] = (), repeat: int = 2) -> dict:
+        extra_pp: tuple[int, ...] = (), repeat: int = 2, settings: Settings | None = None) -> dict:
     """`repeat`: the short measurements (pp, TTFT, token-by-token) take the best of this many
     runs; a single prefill on a shared 2-core machine varied by 10-15 % between runs."""
     t0 = time.perf_counter()
-    eng = Engine.load(model, threads=threads)
+    eng = Engine.load(model, threads=threads, settings=settings)
     ready_ms = (time.perf_counter() - t0) * 1e3
     vocab = eng.model.config.n_vocab
     out: dict = {"model": model, "threads": eng.threads, "load_ms": round(eng.load_ms, 1),

@@ -4,8 +4,9 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -13,7 +14,14 @@ import numpy as np
 def _load(args: argparse.Namespace, warm_up: bool = False):
     from engine.generate import Engine
 
-    return Engine.load(args.model, threads=getattr(args, "threads", None), warm_up=warm_up)
+    return Engine.load(args.model, threads=getattr(args, "threads", None), warm_up=warm_up, settings=_settings())
+
+
+def _settings():
+    """The CLI is an edge: the engine's settings come from the environment here, once."""
+    from engine.settings import Settings
+
+    return Settings.from_env(os.environ)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -106,7 +114,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from engine import bench
 
     extra = tuple(int(x) for x in args.extra_pp.split(",") if x) if args.extra_pp else ()
-    res = bench.run(args.model, p=args.p, n=args.n, threads=args.threads, extra_pp=extra, repeat=args.repeat)
+    res = bench.run(args.model, p=args.p, n=args.n, threads=args.threads, extra_pp=extra, repeat=args.repeat,
+                    settings=_settings())
     if args.json:
         print(json.dumps(res))
     else:

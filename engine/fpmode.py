@@ -27,6 +27,7 @@ import ctypes
 import os
 import platform
 from functools import cache
+from typing import Any
 
 X86_FTZ, X86_DAZ = 1 << 15, 1 << 6
 ARM_FZ = 1 << 24
@@ -86,7 +87,7 @@ define void @or_mode(i64 %bits) {
 
 
 @cache
-def _functions() -> tuple[ctypes._CFuncPtr, ctypes._CFuncPtr, object] | None:
+def _functions() -> tuple[Any, Any, object] | None:
     """(get_mode, or_mode, the engine that owns their code) for this machine, or None."""
     m = platform.machine()
     ir = _IR_X86 if m in _X86 else _IR_ARM if m in _ARM else None

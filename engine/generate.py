@@ -9,7 +9,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -21,10 +21,10 @@ from engine.quant import paths
 from engine.models.qwen35 import Qwen35
 from engine.sampling import Sampler, SamplingParams
 from engine.session import Session
+from engine.settings import Settings
 from engine.snapshots import SnapshotStore, state_layout
 from engine.tokenizer import Tokenizer
 
-DEFAULT_N_CTX = 32768
 
 __all__ = ["ChatPrompt", "Engine", "GenerationResult", "SamplingParams"]
 
@@ -77,7 +77,7 @@ def _stop_hold(text: str, stops: Sequence[str]) -> int:
 class Engine:
     def __init__(self, path: str, model: Qwen35, tokenizer: Tokenizer, template: ChatTemplate | None,
                  thread_config: threads_mod.ThreadConfig, n_ctx: int, load_ms: float, *,
-                 snapshot_store: SnapshotStore | None = None) -> None:
+                 snapshot_store: SnapshotStore | None = None, settings: Settings | None = None) -> None:
         self.path = path
         self.model = model
         self.tokenizer = tokenizer
@@ -88,10 +88,11 @@ class Engine:
         self.compile_ms = 0.0
         self.model_id = Path(path).stem
         self.fingerprint = model.file.fingerprint()
-        # Snapshot tiers from SNAPSHOT_* env vars (docs/snapshots.md); memory-only by default.
-        self.snapshots = snapshot_store if snapshot_store is not None else SnapshotStore.from_env(
-            self.fingerprint, state_layout(model.new_state()))
-        self.session = Session(model, int(os.environ.get("WARMLLM_PREFILL_CHUNK", "512")), store=self.snapshots)
+        self.settings = settings if settings is not None else Settings()
+        # Snapshot tiers from the settings (SNAPSHOT_*, docs/snapshots.md); memory-only by default.
+        self.snapshots = snapshot_store if snapshot_store is not None else SnapshotStore.from_settings(
+            self.fingerprint, state_layout(model.new_state()), self.settings.snapshots)
+        self.session = Session(model, self.settings.prefill_chunk, store=self.snapshots)
 
     @property
     def threads(self) -> int:
@@ -111,9 +112,12 @@ class Engine:
 
     @classmethod
     def load(cls, path: str, threads: int | None = None, n_ctx: int | None = None, warm_up: bool = True, *,
-             snapshot_store: SnapshotStore | None = None) -> "Engine":
+             snapshot_store: SnapshotStore | None = None, settings: Settings | None = None) -> Engine:
+        """`settings` (default: `Settings()`, the defaults) come from the caller's edge, e.g.
+        `Settings.from_env(os.environ)`; `threads` and `n_ctx`, when given, win over them."""
+        settings = settings if settings is not None else Settings()
         t0 = time.perf_counter()
-        tc = threads_mod.configure(threads)
+        tc = threads_mod.configure(threads if threads is not None else settings.threads)
         f = GGUFFile(path)
         model = Qwen35(f)
         try:
@@ -122,9 +126,9 @@ class Engine:
             raise ModelLoadError(f"{path}: tokenizer: {exc}") from exc
         source = f.get("tokenizer.chat_template")
         template = ChatTemplate(source) if source else None
-        limit = n_ctx or int(os.environ.get("WARMLLM_N_CTX", DEFAULT_N_CTX))
+        limit = n_ctx or settings.n_ctx
         eng = cls(path, model, tokenizer, template, tc, min(limit, model.config.n_ctx_train), (time.perf_counter() - t0) * 1e3,
-                  snapshot_store=snapshot_store)
+                  snapshot_store=snapshot_store, settings=settings)
         if warm_up:
             eng.warm_up()
         return eng
@@ -224,7 +228,7 @@ class Engine:
                 return list(held) + rest, len(held)
         return self.tokenizer.encode(text), 0
 
-    def encode_prompt(self, prompt: "str | list[int] | ChatPrompt") -> tuple[list[int], list[int]]:
+    def encode_prompt(self, prompt: str | list[int] | ChatPrompt) -> tuple[list[int], list[int]]:
         """(ids, checkpoint boundaries) for any prompt form generate() accepts."""
         if isinstance(prompt, ChatPrompt):
             return list(prompt.ids), list(prompt.boundaries)
@@ -237,7 +241,7 @@ class Engine:
         handler may call it before returning; atexit does it at process exit."""
         return self.snapshots.flush(timeout)
 
-    def generate(self, prompt: "str | list[int] | ChatPrompt", *, max_tokens: int,
+    def generate(self, prompt: str | list[int] | ChatPrompt, *, max_tokens: int,
                  sampling: SamplingParams | None = None,
                  stop: Sequence[str] = (), deadline: float | None = None,
                  on_text: Callable[[str], None] | None = None) -> GenerationResult:

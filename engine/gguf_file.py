@@ -105,7 +105,7 @@ class GGUFFile:
         self.file_size = size
         self._mm = np.memmap(self.path, dtype=np.uint8, mode="r")
         try:
-            self._parse(memoryview(self._mm))
+            self._parse(memoryview(self._mm))  # type: ignore[arg-type]  # numpy: buffer typed for 3.12+
         except (struct.error, ValueError, OverflowError, UnicodeDecodeError) as exc:
             raise ModelLoadError(
                 f"{self.path} is truncated or its GGUF header is damaged ({exc}); "
@@ -191,7 +191,7 @@ class GGUFFile:
         """Model identity (snapshot keys, `info`): hash of the whole header (metadata + tensor
         table), the file size and 4 KiB at the start, middle and end of every tensor — so two
         files with the same shapes but other weights differ, without reading the whole file."""
-        mv = memoryview(self._mm)
+        mv = memoryview(self._mm)  # type: ignore[arg-type]  # numpy: buffer typed for 3.12+
         first = min((t.offset for t in self._tensors.values()), default=self.file_size)
         h = hashlib.sha256(mv[:first])
         h.update(str(self.file_size).encode())
@@ -199,5 +199,5 @@ class GGUFFile:
             raw = t.data.reshape(-1)
             n = raw.size
             for at in (0, max(0, n // 2 - 2048), max(0, n - 4096)):
-                h.update(raw[at:at + 4096])
+                h.update(raw[at:at + 4096])  # type: ignore[arg-type]  # numpy: buffer typed for 3.12+
         return h.hexdigest()[:32]

@@ -9,7 +9,8 @@ overhead. `kernel(*args)` below picks the serial twin when the work is small.
 from __future__ import annotations
 
 import types
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from numba import njit
 

@@ -44,7 +44,7 @@ class Sampler:
             candidates, z = keep, z[keep]
         order = np.argsort(-z, kind="stable")
         candidates, z = candidates[order], z[order]
-        probs = np.exp((z - z[0]))  # before temperature: top-p / min-p act on the model's distribution
+        probs = np.exp(z - z[0])  # before temperature: top-p / min-p act on the model's distribution
         probs /= probs.sum()
         n = z.size
         if p.top_p < 1.0:

@@ -17,15 +17,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
+from engine.settings import DEFAULT_PREFILL_CHUNK
 from engine.models.qwen35 import Qwen35
 from engine.snapshots import Snapshot, SnapshotStore, prefix_hashes
 from engine.state import State
 
-DEFAULT_PREFILL_CHUNK = 512
 MIN_SEGMENT = 8  # checkpoints closer than this to the previous one are skipped (memory for little reuse)
 
 
@@ -157,6 +157,7 @@ class Session:
         except BaseException:
             self.reset()
             raise
+        assert logits is not None  # logits="last" always returns them
         self.tokens.append(int(token))
         self.last_logits = logits
         return logits
@@ -182,7 +183,8 @@ class Session:
                 self.tokens.extend(prompt[pos:nxt])
                 pos = nxt
                 t1 = time.perf_counter()
-                for p in wanted:
+                for p in wanted:  # non-empty only with a store
+                    assert store is not None
                     snap = Snapshot(np.asarray(prompt[:p], dtype=np.int32), states[p],
                                     None if p != end else np.array(logits, dtype=np.float32, copy=True))
                     store.put((p, hashes[p]), snap)

@@ -42,11 +42,14 @@ import uuid
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
-from engine.state import AttentionState, DeltaNetState, State
+from engine.settings import (DEFAULT_SNAPSHOT_DIR_MB, DEFAULT_SNAPSHOT_EVERY, DEFAULT_SNAPSHOT_FLUSH_S,
+                             DEFAULT_SNAPSHOT_MEMORY_MB, SnapshotSettings)
+from engine.state import LAYER_KINDS, LayerState, State
 
 MAGIC = b"WLLMSNAP"
 FORMAT_VERSION = 1
@@ -57,10 +60,10 @@ _DIGEST = 32
 _MAX_HEADER = 1 << 20
 _DTYPES = {"<f4": np.float32, "<i4": np.int32}
 
-DEFAULT_EVERY = 256
-DEFAULT_MEMORY_MB = 512
-DEFAULT_DIR_MB = 10240
-DEFAULT_FLUSH_S = 30.0
+DEFAULT_EVERY = DEFAULT_SNAPSHOT_EVERY
+DEFAULT_MEMORY_MB = int(DEFAULT_SNAPSHOT_MEMORY_MB)
+DEFAULT_DIR_MB = int(DEFAULT_SNAPSHOT_DIR_MB)
+DEFAULT_FLUSH_S = DEFAULT_SNAPSHOT_FLUSH_S
 # With a memory hit, a slower tier is asked only for prefixes at least this many tokens longer:
 # restoring from it costs more than prefilling fewer (0.8B Q4_K_M: directory restore ~100 ms,
 # S3 ~150 ms plus a HEAD round trip for every longer candidate, against ~5 ms per token of a
@@ -84,7 +87,7 @@ def log_event(event: str, **fields: Any) -> None:
 
 # ---- identity ------------------------------------------------------------------------------
 
-def prefix_hashes(tokens: Sequence[int], positions: Iterable[int]) -> dict[int, str]:
+def prefix_hashes(tokens: Sequence[int] | np.ndarray, positions: Iterable[int]) -> dict[int, str]:
     """SHA-256 (hex, 32 chars) of the int32 LE bytes of tokens[:p] for each p, in one pass."""
     arr = np.asarray(tokens, dtype="<i4")
     h = hashlib.sha256()
@@ -132,13 +135,7 @@ class SnapshotError(Exception):
 
 def state_layout(state: State) -> list[tuple[str, tuple[int, ...], tuple[int, ...]]]:
     """Per layer: kind and the shapes that must match (conv, S) or (n_kv_heads, head_dim)."""
-    out = []
-    for l in state.layers:
-        if isinstance(l, DeltaNetState):
-            out.append(("deltanet", tuple(l.conv.shape), tuple(l.S.shape)))
-        else:
-            out.append(("attention", (l.k.shape[0], l.k.shape[2]), ()))
-    return out
+    return [(l.kind, *l.layout()) for l in state.layers]
 
 
 def serialize(snap: Snapshot, fingerprint: str, prefix_hash: str, created: float | None = None) -> bytearray:
@@ -150,13 +147,9 @@ def serialize(snap: Snapshot, fingerprint: str, prefix_hash: str, created: float
         arrays.append(("logits", np.ascontiguousarray(snap.logits, dtype="<f4")))
     kinds = []
     for i, l in enumerate(snap.state.layers):
-        if isinstance(l, DeltaNetState):
-            kinds.append("deltanet")
-            arrays += [(f"{i}.conv", l.conv), (f"{i}.S", l.S)]
-        else:
-            kinds.append("attention")
-            arrays += [(f"{i}.k", l.k[:, :n]), (f"{i}.v", l.v[:, :n])]
-    table = []
+        kinds.append(l.kind)
+        arrays += [(f"{i}.{name}", a) for name, a in l.named_arrays(n).items()]
+    table: list[dict[str, Any]] = []
     offset = 0
     for name, a in arrays:
         a = np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<"))
@@ -179,10 +172,11 @@ def serialize(snap: Snapshot, fingerprint: str, prefix_hash: str, created: float
     _PRELUDE.pack_into(buf, 0, MAGIC, FORMAT_VERSION, 0, len(hb))
     buf[_PRELUDE.size:_PRELUDE.size + len(hb)] = hb
     mv = memoryview(buf)
-    for (name, a), entry in zip(arrays, table):
+    for (_name, a), entry in zip(arrays, table):
         a = np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<"))
         start = data_start + entry["offset"]
-        mv[start:start + entry["nbytes"]] = a.reshape(-1).view(np.uint8)
+        # numpy declares the buffer protocol to mypy only for Python >= 3.12
+        mv[start:start + entry["nbytes"]] = a.reshape(-1).view(np.uint8)  # type: ignore[call-overload]
     buf[total - _DIGEST:] = hashlib.sha256(mv[:total - _DIGEST]).digest()
     return buf
 
@@ -245,21 +239,16 @@ def deserialize(data: bytes | bytearray | memoryview, *, fingerprint: str, key: 
     kinds = header.get("layers")
     if kinds != [k for k, _, _ in layout]:
         raise SnapshotError("wrong_model", f"layer kinds {kinds} do not match the model")
-    layers: list[DeltaNetState | AttentionState] = []
+    layers: list[LayerState] = []
     try:
         for i, (kind, s1, s2) in enumerate(layout):
-            if kind == "deltanet":
-                conv, S = arrays[f"{i}.conv"], arrays[f"{i}.S"]
-                if conv.shape != s1 or S.shape != s2:
-                    raise SnapshotError("wrong_model", f"layer {i} state shapes {conv.shape}, {S.shape} "
-                                                       f"!= {s1}, {s2}")
-                layers.append(DeltaNetState(conv, S))
-            else:
-                k, v = arrays[f"{i}.k"], arrays[f"{i}.v"]
-                want = (s1[0], n, s1[1])
-                if k.shape != want or v.shape != want:
-                    raise SnapshotError("wrong_model", f"layer {i} KV shape {k.shape} != {want}")
-                layers.append(AttentionState(k, v))
+            cls = LAYER_KINDS[kind]
+            want = cls.expected_shapes((s1, s2), n)
+            got = {name: arrays[f"{i}.{name}"] for name in want}
+            if any(got[name].shape != shape for name, shape in want.items()):
+                raise SnapshotError("wrong_model", f"layer {i} ({kind}) state shapes "
+                                                   f"{[a.shape for a in got.values()]} != {list(want.values())}")
+            layers.append(cls.from_arrays(got))
     except KeyError as exc:
         raise SnapshotError("corrupt", f"array {exc} missing") from None
     return Snapshot(tok, State(n, layers), arrays.get("logits"))
@@ -416,7 +405,7 @@ class DirTier:
                     files.append((st.st_mtime, st.st_size, e.path))
         total = sum(f[1] for f in files)
         gone = []
-        for mtime, size, p in sorted(files):
+        for _mtime, size, p in sorted(files):
             if total <= self.cap_bytes:
                 break
             if _unlink(p):
@@ -603,16 +592,6 @@ class _Job:
     attempt: int = 0
 
 
-def _env_float(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = env.get(name, "")
-    if raw.strip() == "":
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise ValueError(f"{name} must be a number, got {raw!r}") from None
-
-
 class SnapshotStore:
     """Memory → directory → S3, with a background writer for the slower tiers."""
 
@@ -640,25 +619,19 @@ class SnapshotStore:
         self._closed = False
         if self.s3 is not None and s3_client is None:
             # boto3's import and client setup take ~0.3 s: do it now, off the request path
-            threading.Thread(target=lambda: self.s3.client, name="warmllm-s3-client", daemon=True).start()
+            s3 = self.s3
+            threading.Thread(target=lambda: s3.client, name="warmllm-s3-client", daemon=True).start()
         if self.slow_tiers and flush_at_exit_s > 0:
             atexit.register(self._flush_at_exit, flush_at_exit_s)
 
     @classmethod
-    def from_env(cls, fingerprint: str, layout: list, env: Mapping[str, str] | None = None,
-                 s3_client: Any = None, log: Callable[..., None] = log_event) -> "SnapshotStore":
-        env = os.environ if env is None else env
+    def from_settings(cls, fingerprint: str, layout: list, s: SnapshotSettings,
+                      s3_client: Any = None, log: Callable[..., None] = log_event) -> SnapshotStore:
         return cls(
             fingerprint, layout,
-            memory_bytes=int(_env_float(env, "SNAPSHOT_MEMORY_MB", DEFAULT_MEMORY_MB) * (1 << 20)),
-            dir=env.get("SNAPSHOT_DIR") or None,
-            dir_bytes=int(_env_float(env, "SNAPSHOT_DIR_MB", DEFAULT_DIR_MB) * (1 << 20)),
-            s3_uri=env.get("SNAPSHOT_S3_URI") or None, s3_client=s3_client,
-            s3_endpoint_url=env.get("SNAPSHOT_S3_ENDPOINT_URL") or None,
-            every=int(_env_float(env, "SNAPSHOT_EVERY", DEFAULT_EVERY)),
-            max_age_s=_env_float(env, "SNAPSHOT_MAX_AGE_S", 0.0),
-            flush_at_exit_s=_env_float(env, "SNAPSHOT_FLUSH_S", DEFAULT_FLUSH_S),
-            log=log,
+            memory_bytes=int(s.memory_mb * (1 << 20)), dir=s.dir, dir_bytes=int(s.dir_mb * (1 << 20)),
+            s3_uri=s.s3_uri, s3_client=s3_client, s3_endpoint_url=s.s3_endpoint_url,
+            every=s.every, max_age_s=s.max_age_s, flush_at_exit_s=s.flush_s, log=log,
         )
 
     @property
@@ -824,6 +797,7 @@ class SnapshotStore:
             fields: dict[str, Any] = {}
             try:
                 if job.data is None:
+                    assert job.snap is not None  # a job carries its snapshot until serialized
                     job.data = serialize(job.snap, self.fingerprint, job.key[1])
                     job.snap = None
                 if job.tier.exists(job.key):

@@ -2,7 +2,8 @@
 
 DeltaNet layers hold the conv tail (kernel-1 rows of qkv) and the recurrent matrix S per
 value head; attention layers hold K and V for every position so far. Plain data: it can be
-copied, compared, sliced to a prefix (attention only) and serialized.
+copied, compared, sliced to a prefix (attention only) and serialized through one protocol,
+`LayerState`, that both kinds implement.
 
 A state held by the snapshot store is frozen (its arrays read-only) and sessions continue from
 a `fork` that shares them: the forward replaces the DeltaNet arrays and grows K/V into new
@@ -12,33 +13,67 @@ copied 33 MB, ~30 ms, before).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar, Protocol
 
 import numpy as np
 
 
+class LayerState(Protocol):
+    """What every per-layer state offers the session, the snapshot format and the model.
+
+    `n` is the number of valid positions (State.n_tokens); a kind that keeps no per-position
+    data ignores it. `named_arrays(n)` is the state as data: the arrays a snapshot stores,
+    under names stable across versions, and `from_arrays` builds the state back from them."""
+
+    kind: ClassVar[str]
+
+    def copy(self, n: int) -> LayerState: ...
+    def fork(self) -> LayerState: ...
+    def nbytes(self, n: int) -> int: ...
+    def named_arrays(self, n: int) -> dict[str, np.ndarray]: ...
+    def arrays(self) -> list[np.ndarray]: ...
+    def layout(self) -> tuple[tuple[int, ...], tuple[int, ...]]: ...
+
+
 @dataclass
 class DeltaNetState:
+    kind: ClassVar[str] = "deltanet"
     conv: np.ndarray  # (d_conv - 1, conv_dim) f32: last inputs of the causal conv
     S: np.ndarray  # (n_v_heads, d_k, d_v) f32
 
-    def copy(self) -> "DeltaNetState":
+    def copy(self, n: int) -> DeltaNetState:
         return DeltaNetState(self.conv.copy(), self.S.copy())
 
-    def fork(self) -> "DeltaNetState":
+    def fork(self) -> DeltaNetState:
         return DeltaNetState(self.conv, self.S)
 
     def arrays(self) -> list[np.ndarray]:
         return [self.conv, self.S]
 
-    @property
-    def nbytes(self) -> int:
+    def named_arrays(self, n: int) -> dict[str, np.ndarray]:
+        return {"conv": self.conv, "S": self.S}
+
+    def nbytes(self, n: int) -> int:
         return int(self.conv.nbytes + self.S.nbytes)
+
+    def layout(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The shapes a snapshot's arrays must have for this model: (conv, S)."""
+        return tuple(self.conv.shape), tuple(self.S.shape)
+
+    @staticmethod
+    def expected_shapes(layout: tuple[tuple[int, ...], tuple[int, ...]], n: int) -> dict[str, tuple[int, ...]]:
+        return {"conv": layout[0], "S": layout[1]}
+
+    @classmethod
+    def from_arrays(cls, a: dict[str, np.ndarray]) -> DeltaNetState:
+        return cls(a["conv"], a["S"])
 
 
 @dataclass
 class AttentionState:
     """K/V with spare capacity; only the first `n` positions (State.n_tokens) are valid."""
 
+    kind: ClassVar[str] = "attention"
     k: np.ndarray  # (n_kv_heads, capacity, head_dim) f32
     v: np.ndarray  # (n_kv_heads, capacity, head_dim) f32
 
@@ -57,20 +92,40 @@ class AttentionState:
             new[:, :used] = old[:, :used]
             setattr(self, name, new)
 
-    def copy(self, n: int) -> "AttentionState":
+    def copy(self, n: int) -> AttentionState:
         return AttentionState(self.k[:, :n].copy(), self.v[:, :n].copy())
 
-    def fork(self) -> "AttentionState":
+    def fork(self) -> AttentionState:
         return AttentionState(self.k, self.v)
 
     def arrays(self) -> list[np.ndarray]:
         return [self.k, self.v]
 
-    def nbytes_used(self, n: int) -> int:
+    def named_arrays(self, n: int) -> dict[str, np.ndarray]:
+        return {"k": self.k[:, :n], "v": self.v[:, :n]}
+
+    def nbytes(self, n: int) -> int:
         return int(2 * self.k.shape[0] * n * self.k.shape[2] * 4)
 
+    def layout(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The shapes that must match for this model: (n_kv_heads, head_dim), ()."""
+        return (self.k.shape[0], self.k.shape[2]), ()
 
-LayerState = DeltaNetState | AttentionState
+    @staticmethod
+    def expected_shapes(layout: tuple[tuple[int, ...], tuple[int, ...]], n: int) -> dict[str, tuple[int, ...]]:
+        want = (layout[0][0], n, layout[0][1])
+        return {"k": want, "v": want}
+
+    @classmethod
+    def from_arrays(cls, a: dict[str, np.ndarray]) -> AttentionState:
+        return cls(a["k"], a["v"])
+
+
+# The layer kinds by the name a snapshot records (adding a kind is one class and one entry).
+LAYER_KINDS: dict[str, type[DeltaNetState] | type[AttentionState]] = {
+    DeltaNetState.kind: DeltaNetState,
+    AttentionState.kind: AttentionState,
+}
 
 
 @dataclass
@@ -78,46 +133,38 @@ class State:
     n_tokens: int
     layers: list[LayerState] = field(default_factory=list)
 
-    def copy(self) -> "State":
+    def copy(self) -> State:
         """An independent copy holding exactly n_tokens positions (no spare KV capacity)."""
-        return State(
-            self.n_tokens,
-            [l.copy(self.n_tokens) if isinstance(l, AttentionState) else l.copy() for l in self.layers],
-        )
+        return State(self.n_tokens, [l.copy(self.n_tokens) for l in self.layers])
 
-    def freeze(self) -> "State":
+    def freeze(self) -> State:
         """Make every array read-only (a state many sessions may continue from); returns self."""
         for layer in self.layers:
             for a in layer.arrays():
                 a.flags.writeable = False
         return self
 
-    def fork(self) -> "State":
+    def fork(self) -> State:
         """A state that continues from this one without changing it: it shares the arrays, and
         the forward writes into none of them while they are frozen."""
         return State(self.n_tokens, [layer.fork() for layer in self.layers])
 
     @property
     def nbytes(self) -> int:
-        return sum(
-            l.nbytes_used(self.n_tokens) if isinstance(l, AttentionState) else l.nbytes
-            for l in self.layers
-        )
+        return sum(l.nbytes(self.n_tokens) for l in self.layers)
 
-    def max_abs_diff(self, other: "State") -> float:
+    def max_abs_diff(self, other: State) -> float:
         """Largest elementwise difference over every array (inf when shapes differ)."""
         if self.n_tokens != other.n_tokens or len(self.layers) != len(other.layers):
             return float("inf")
         worst = 0.0
         n = self.n_tokens
         for a, b in zip(self.layers, other.layers):
-            if type(a) is not type(b):
+            if a.kind != b.kind:
                 return float("inf")
-            pairs = (
-                [(a.k[:, :n], b.k[:, :n]), (a.v[:, :n], b.v[:, :n])]
-                if isinstance(a, AttentionState) else [(a.conv, b.conv), (a.S, b.S)]
-            )
-            for x, y in pairs:
+            xs, ys = a.named_arrays(n), b.named_arrays(n)
+            for name, x in xs.items():
+                y = ys[name]
                 if x.shape != y.shape:
                     return float("inf")
                 if x.size:

@@ -1,7 +1,7 @@
 """The one place that configures threads for numba kernels and BLAS.
 
-``configure(threads=None)`` picks the thread count (argument, else ``WARMLLM_THREADS``, else the
-CPUs this process may run on), sets numba's count and caps the BLAS pool (threadpoolctl) to the
+``configure(threads=None)`` picks the thread count (argument — ``Settings.threads``, from
+``WARMLLM_THREADS`` at the edge — else the CPUs this process may run on), sets numba's count and caps the BLAS pool (threadpoolctl) to the
 same number so prefill (numba dequant -> BLAS GEMM) and decode (numba matvec) share N cores.
 
 Chosen setup (applied before the first parallel kernel launch; env vars already set win):
@@ -54,6 +54,10 @@ import os
 import platform
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from concurrent.futures import ThreadPoolExecutor
 
 # libgomp's spin before an idle numba thread sleeps, in loop iterations: a `pause` (~65-140
 # cycles) on x86_64, a compiler barrier (~1-2 ns) on arm64, so arm64 gets 20x the count for about
@@ -84,16 +88,7 @@ def available_cpus() -> int:
 
 
 def _requested(threads: int | None) -> int:
-    if threads is None:
-        env = os.environ.get("WARMLLM_THREADS", "").strip()
-        if env:
-            try:
-                threads = int(env)
-            except ValueError:
-                raise ValueError(f"WARMLLM_THREADS must be a positive integer, got {env!r}") from None
-        else:
-            threads = available_cpus()
-    threads = int(threads)
+    threads = available_cpus() if threads is None else int(threads)
     if threads < 1:
         raise ValueError(f"thread count must be >= 1, got {threads}")
     return threads
@@ -156,7 +151,7 @@ def _subnormal_policy_everywhere(n_numba: int) -> None:
 
 
 _controller = None
-_pool = None  # worker threads for split_over_threads, made on first use and kept (the warm process reuses them)
+_pool: ThreadPoolExecutor | None = None  # worker threads for split_over_threads, made on first use and kept (the warm process reuses them)
 _pool_size = 0
 
 
@@ -185,6 +180,7 @@ def split_over_threads(fn: Callable[[int, int], None], n_items: int) -> None:
 
             _pool = ThreadPoolExecutor(max_workers=parts - 1, thread_name_prefix="warmllm-split")
             _pool_size = parts - 1
+        assert _pool is not None
         futures = [_pool.submit(fn, lo, hi) for lo, hi in bounds[1:]]
         fn(*bounds[0])
         for f in futures:

@@ -174,10 +174,12 @@ class Tokenizer:
         # The BPE vocabulary holds every token with its id (the last occurrence wins on a
         # duplicate text, as in llama.cpp's token_to_id); added tokens reuse those ids.
         vocab = dict(zip(self._tokens, range(n)))
-        pairs = [tuple(m.split(" ", 1)) for m in merges]
-        for i, pair in enumerate(pairs):
+        pairs: list[tuple[str, str]] = []
+        for i, m in enumerate(merges):
+            pair = m.split(" ", 1)
             if len(pair) != 2:
                 raise ValueError(f"tokenizer.ggml.merges[{i}] = {merges[i]!r} is not 'left right'")
+            pairs.append((pair[0], pair[1]))
         hf = _HFTokenizer(models.BPE(vocab=vocab, merges=pairs, ignore_merges=False))
         self._split = pre_tokenizers.Split(Regex(PRE_TOKENIZER_PATTERNS[pre]), behavior="isolated")
         hf.pre_tokenizer = pre_tokenizers.Sequence([
@@ -272,7 +274,7 @@ class Tokenizer:
                 ids = self._hf.encode(text, add_special_tokens=False).ids
             finally:
                 self._hf.encode_special_tokens = False
-        if add_special and self.add_bos:
+        if add_special and self.add_bos and self.bos_id is not None:  # add_bos implies a bos_id
             ids.insert(0, self.bos_id)
         return ids
 

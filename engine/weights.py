@@ -16,7 +16,8 @@ the Q8_0 and Q6_K decode kernels take per-block scales decoded once into f32
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from gguf import GGMLQuantizationType

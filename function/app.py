@@ -11,9 +11,11 @@ from . import numba_cache
 
 NUMBA_CACHE = numba_cache.prepare()
 
+import os  # noqa: E402
+
 from .runtime import Runtime  # noqa: E402  (numba's cache directory must be set first)
 
-RUNTIME = Runtime()
+RUNTIME = Runtime.from_env(os.environ)  # the one place the function's settings are read
 RUNTIME.init_extra = NUMBA_CACHE
 RUNTIME.start_init()
 

@@ -11,22 +11,12 @@ response, is the deadline. Decoding stops there with ``finish_reason: "length"``
 """
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 
-DEFAULT_API_DEADLINE_S = 28.0
-DEFAULT_MARGIN_S = 0.5
+from .settings import DEFAULT_API_DEADLINE_S, DEFAULT_MARGIN_S
 # an event timestamp further than this from our clock is not trusted (clock skew, replayed events)
 MAX_EVENT_AGE_S = 60.0
-
-
-def _env_float(name: str, default: float) -> float:
-    try:
-        v = float(os.environ.get(name, default))
-        return v if v > 0 else default
-    except ValueError:
-        return default
 
 
 @dataclass
@@ -39,11 +29,11 @@ class Deadline:
 
 
 def compute(context, received_epoch_ms: int | None, handler_start_mono: float, *,
+            api_deadline_s: float = DEFAULT_API_DEADLINE_S, margin_s: float = DEFAULT_MARGIN_S,
             now_mono: float | None = None, now_wall: float | None = None) -> Deadline:
     now_mono = time.monotonic() if now_mono is None else now_mono
     now_wall = time.time() if now_wall is None else now_wall
-    api_s = _env_float("API_DEADLINE_S", DEFAULT_API_DEADLINE_S)
-    margin = _env_float("DEADLINE_MARGIN_S", DEFAULT_MARGIN_S)
+    api_s, margin = api_deadline_s, margin_s
 
     api_start = handler_start_mono
     if received_epoch_ms is not None:

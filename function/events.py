@@ -72,7 +72,8 @@ def _decode_body(event: dict) -> bytes | None:
         try:
             return base64.b64decode(body, validate=True)
         except (binascii.Error, ValueError):
-            raise bad_request("isBase64Encoded is true but the body is not valid base64", None, "invalid_body")
+            raise bad_request("isBase64Encoded is true but the body is not valid base64", None,
+                              "invalid_body") from None
     return body.encode("utf-8")
 
 

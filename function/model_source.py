@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from urllib.parse import urlparse
 
 from .request_log import emit
+from .settings import FunctionSettings
 
 PROGRESS_EVERY_S = 2.0
 
@@ -42,15 +43,15 @@ def parse_s3_uri(uri: str) -> tuple[str, str]:
     return u.netloc, u.path.lstrip("/")
 
 
-def resolve(environ=os.environ, s3_client=None) -> ResolvedModel:
-    path = environ.get("MODEL_PATH")
+def resolve(settings: FunctionSettings, s3_client=None) -> ResolvedModel:
+    path = settings.model_path
     if path:
         if not os.path.isfile(path):
             raise ModelSourceError(f"MODEL_PATH={path} does not exist or is not a file")
         return ResolvedModel(path=path, source="path", uri=path, bytes=os.path.getsize(path))
-    uri = environ.get("MODEL_S3_URI")
+    uri = settings.model_s3_uri
     if uri:
-        return download(uri, environ.get("MODEL_DIR", "/tmp/warmllm-models"), s3_client=s3_client)
+        return download(uri, settings.model_dir, s3_client=s3_client)
     raise ModelSourceError("no model configured: set MODEL_PATH (a GGUF file) or MODEL_S3_URI (s3://bucket/key.gguf)")
 
 

@@ -14,11 +14,11 @@ is a response plus exactly one request log line.
 from __future__ import annotations
 
 import hmac
-import os
 import threading
 import time
 import traceback
 import uuid
+from typing import TYPE_CHECKING
 
 from . import deadline as deadline_mod
 from . import events
@@ -26,7 +26,13 @@ from . import openai_schema as oa
 from .errors import APIError, bad_request, context_overflow, internal, method_not_allowed, model_unavailable, \
     not_found, unauthorized
 from .request_log import RequestLog, emit, init_line
+from .settings import FunctionSettings
 from .tool_calls import parse_output
+
+if TYPE_CHECKING:  # loaded in the init thread, never at import (cold start)
+    from engine.generate import Engine
+
+    from .model_source import ResolvedModel
 
 ROUTES = {
     "/v1/chat/completions": ("POST", "chat"),
@@ -36,13 +42,6 @@ ROUTES = {
 }
 DEFAULT_CHAT_MAX_TOKENS = 2048     # capped by the context; the deadline stops long answers anyway
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
-
-
-def _env_float(environ, name, default):
-    try:
-        return float(environ.get(name, default))
-    except ValueError:
-        return float(default)
 
 
 def route_of(method: str, path: str) -> tuple[str, str | None]:
@@ -62,14 +61,14 @@ def route_of(method: str, path: str) -> tuple[str, str | None]:
 
 
 class Runtime:
-    def __init__(self, environ=None, s3_client=None) -> None:
-        self.env = dict(os.environ if environ is None else environ)
+    def __init__(self, settings: FunctionSettings | None = None, s3_client=None) -> None:
+        self.settings = settings if settings is not None else FunctionSettings()
         self.s3_client = s3_client
-        self.engine = None
+        self.engine: Engine | None = None
         self.error: str | None = None
         self.error_permanent = False
         self.failed_at = 0.0
-        self.resolved = None
+        self.resolved: ResolvedModel | None = None
         self._thread: threading.Thread | None = None
         self._load_started = 0.0
         self._init_reported = False
@@ -79,9 +78,13 @@ class Runtime:
         self._state_lock = threading.Lock()
         self.requests_served = 0
         self.started_wall = time.time()
-        self.threads = None  # the engine reads WARMLLM_THREADS itself (one setting, one place)
-        self.api_key = self.env.get("WARMLLM_API_KEY") or None
-        self.retry_s = _env_float(self.env, "MODEL_RETRY_S", 30.0)
+        self.api_key = self.settings.api_key
+        self.retry_s = self.settings.model_retry_s
+
+    @classmethod
+    def from_env(cls, environ, s3_client=None) -> Runtime:
+        """The function's edge: every setting read from `environ` (os.environ in app.py) once."""
+        return cls(FunctionSettings.from_env(environ), s3_client=s3_client)
 
     # ------------------------------------------------------------------ model loading
 
@@ -90,13 +93,13 @@ class Runtime:
         fields: dict = {"ok": False}
         try:
             from . import model_source
-            res = model_source.resolve(self.env, s3_client=self.s3_client)
+            res = model_source.resolve(self.settings, s3_client=self.s3_client)
             self.resolved = res
             fields.update(model_source=res.source, model_uri=res.uri, model_bytes=res.bytes,
                           downloaded=res.downloaded, download_ms=res.download_ms)
             from engine.generate import Engine
             from engine.quant import paths
-            eng = Engine.load(res.path, threads=self.threads)
+            eng = Engine.load(res.path, settings=self.settings.engine)
             fields.update(ok=True, model_id=eng.model_id, n_ctx=eng.n_ctx, threads=eng.threads,
                           backend=eng.backend, load_ms=float(eng.load_ms), compile_ms=float(eng.compile_ms),
                           cpu=paths.summary(), kernels=eng.kernel_paths)
@@ -118,17 +121,18 @@ class Runtime:
 
     def start_init(self, budget_s: float | None = None) -> None:
         """Start loading; wait up to the init budget; print the init line if it finished."""
-        budget = _env_float(self.env, "INIT_BUDGET_S", 8.0) if budget_s is None else budget_s
-        self._start_thread()
-        self._thread.join(budget)
-        if not self._thread.is_alive():
+        budget = self.settings.init_budget_s if budget_s is None else budget_s
+        th = self._start_thread()
+        th.join(budget)
+        if not th.is_alive():
             self._report_init("init")
 
-    def _start_thread(self) -> None:
+    def _start_thread(self) -> threading.Thread:
         self._init_reported = False
         self._load_started = time.monotonic()
-        self._thread = threading.Thread(target=self._load, name="warmllm-model-load", daemon=True)
-        self._thread.start()
+        th = self._thread = threading.Thread(target=self._load, name="warmllm-model-load", daemon=True)
+        th.start()
+        return th
 
     def _report_init(self, phase: str) -> None:
         if self._init_reported:
@@ -145,9 +149,7 @@ class Runtime:
                 emit({"event": "model_load_retry", "previous_error": self.error})
                 self.error = None
                 self._start_thread()
-            if self._thread is None:
-                self._start_thread()
-        th = self._thread
+            th = self._thread if self._thread is not None else self._start_thread()
         if th.is_alive():
             th.join(max(0.0, until_mono - time.monotonic()))
             if th.is_alive():
@@ -188,7 +190,8 @@ class Runtime:
                     greq = oa.parse_completion(req.json_body())
                 if greq is not None:
                     log.set(stream=greq.stream, max_tokens=greq.max_tokens)
-            dl = deadline_mod.compute(context, req.received_epoch_ms, t_mono)
+            dl = deadline_mod.compute(context, req.received_epoch_ms, t_mono, api_deadline_s=self.settings.api_deadline_s,
+                                      margin_s=self.settings.deadline_margin_s)
             if route == "health":
                 status, body = self._health(dl, log, cold)
                 return self._finish(log, kind, status, body, headers)
@@ -212,8 +215,8 @@ class Runtime:
         except Exception as exc:        # a bug in warmllm: never user input
             emit({"event": "error", "request_id": rid, "error": f"{type(exc).__name__}: {exc}",
                   "traceback": traceback.format_exc(limit=12)})
-            err = internal(rid, exc)
-            return self._finish(log, kind, err.status, err.body(), headers, error_code=err.code)
+            bug = internal(rid, exc)
+            return self._finish(log, kind, bug.status, bug.body(), headers, error_code=bug.code)
 
     def _finish(self, log: RequestLog, kind: str, status: int, body, headers, *, content_type="application/json",
                 error_code=None):
@@ -228,7 +231,7 @@ class Runtime:
                 eng = self.wait_for_engine(dl.at)
             except APIError as err:
                 return 503, {"status": "unavailable", "reason": self.error or err.message,
-                             "model_source": self.env.get("MODEL_PATH") or self.env.get("MODEL_S3_URI"),
+                             "model_source": self.settings.model_source,
                              "error": err.body()["error"]}
         log.set(model=eng.model_id)
         f = self._init_fields

@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qsl, urlsplit
 
@@ -57,7 +58,7 @@ def http_api_event(method: str, target: str, headers: dict[str, str], body: byte
 class Handler(BaseHTTPRequestHandler):
     server_version = "warmllm-serve"
     protocol_version = "HTTP/1.1"
-    lambda_handler = None
+    lambda_handler: Callable[..., dict] | None = None
     timeout_s = 900.0
 
     def log_message(self, fmt, *args):      # the handler's JSON log line is the access log
@@ -68,8 +69,10 @@ class Handler(BaseHTTPRequestHandler):
         body = self.rfile.read(n) if n else b""
         event = http_api_event(self.command, self.path, dict(self.headers.items()), body,
                                self.headers.get("host", "127.0.0.1"), self.client_address[0])
+        handler = type(self).lambda_handler
+        assert handler is not None, "make_server sets the handler"
         with _LOCK:
-            resp = type(self).lambda_handler(event, LocalContext(self.timeout_s))
+            resp = handler(event, LocalContext(self.timeout_s))
         status = int(resp.get("statusCode", 200))
         payload = resp.get("body") or ""
         data = base64.b64decode(payload) if resp.get("isBase64Encoded") else payload.encode("utf-8")
@@ -99,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     srv = make_server(a.host, a.port)
     host, port = srv.server_address[:2]
+    host = host.decode() if isinstance(host, bytes) else host
     sys.stderr.write(json.dumps({"event": "serve", "url": f"http://{host}:{port}/v1"}) + "\n")
     sys.stderr.flush()
     try:

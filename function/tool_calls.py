@@ -78,7 +78,8 @@ def _json_type(v) -> str:
         return "number"
     if v is None:
         return "null"
-    return {str: "string", list: "array", dict: "object"}.get(type(v), "string")
+    names: dict[type, str] = {str: "string", list: "array", dict: "object"}
+    return names.get(type(v), "string")
 
 
 def coerce(value: str, schema) -> object:
@@ -116,12 +117,12 @@ def coerce(value: str, schema) -> object:
 
 
 def _tool_schemas(tools: list[dict] | None) -> dict[str, dict]:
-    out = {}
+    out: dict[str, dict] = {}
     for t in tools or []:
         fn = t.get("function") or {}
         if isinstance(fn.get("name"), str):
-            params = fn.get("parameters") if isinstance(fn.get("parameters"), dict) else {}
-            out[fn["name"]] = params.get("properties") if isinstance(params.get("properties"), dict) else {}
+            params = fn["parameters"] if isinstance(fn.get("parameters"), dict) else {}
+            out[fn["name"]] = params["properties"] if isinstance(params.get("properties"), dict) else {}
     return out
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -22,13 +23,14 @@ DEFAULT_WEIGHTS = "Q4_K_M,Q8_0,F32"
 
 def warm(weights: list[str], workdir: Path) -> list[dict]:
     from engine.generate import Engine, SamplingParams
+    from engine.settings import Settings
     from engine.testing.factory import make_model
 
     out = []
     for w in weights:
         t0 = time.perf_counter()
         path = make_model(workdir / f"warm-{w}.gguf", "tiny", w, 0, None)
-        eng = Engine.load(str(path))
+        eng = Engine.load(str(path), settings=Settings.from_env(os.environ))
         greedy = SamplingParams(temperature=0.0)
         long_prompt = "warm the kernels " * 40
         eng.generate(long_prompt, max_tokens=3, sampling=greedy)                  # batched prefill + decode

@@ -37,4 +37,6 @@ def tiny_model_path(model_factory) -> Path:
 def tiny_engine(tiny_model_path):
     from engine.generate import Engine
 
-    return Engine.load(str(tiny_model_path))
+    from engine.settings import Settings
+
+    return Engine.load(str(tiny_model_path), settings=Settings.from_env(os.environ))

@@ -6,7 +6,6 @@ import sys
 import numpy as np
 import pytest
 
-from engine.generate import Engine
 
 
 def cli(*args):

@@ -3,6 +3,7 @@ warm session across invocations, streaming, deadlines, 413/503/401, tool-call pl
 log line's falsifier (a delay planted in one stage moves that stage's field and only that one)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -68,7 +69,7 @@ def assert_stages_sum(line):
 
 @pytest.fixture(scope="module")
 def rt(tiny_model_path):
-    r = Runtime(environ={**os.environ, "MODEL_PATH": str(tiny_model_path)})
+    r = Runtime.from_env({**os.environ, "MODEL_PATH": str(tiny_model_path)})
     r.start_init(budget_s=300)
     assert r.engine is not None, r.error
     return r
@@ -188,14 +189,14 @@ def test_max_tokens_omitted_is_capped_by_the_context(rt, capsys):
 
 
 def test_deadline_stops_generation_with_length(rt, capsys, monkeypatch):
-    monkeypatch.setenv("DEADLINE_MARGIN_S", "0.5")
+    monkeypatch.setattr(rt, "settings", dataclasses.replace(rt.settings, deadline_margin_s=0.5))
     ev = with_body("chat_http_api.json", max_tokens=400, temperature=1.0, seed=3,
                    messages=[{"role": "user", "content": "Write a long story."}])
     resp, line = call(rt, ev, capsys, ctx=Ctx(remaining_ms=520))   # 20 ms after the margin
     b = body_of(resp)
     assert resp["statusCode"] == 200 and b["choices"][0]["finish_reason"] == "length"
     assert b["usage"]["completion_tokens"] < 400 and line["deadline_hit"] is True
-    monkeypatch.setenv("API_DEADLINE_S", "0.52")
+    monkeypatch.setattr(rt, "settings", dataclasses.replace(rt.settings, api_deadline_s=0.52))
     resp, line = call(rt, ev, capsys)                                  # the API deadline, same effect
     assert body_of(resp)["usage"]["completion_tokens"] < 400 and line["deadline_hit"] is True
 
@@ -357,7 +358,7 @@ def test_time_outside_every_stage_breaks_the_sum(rt, capsys, monkeypatch):
 # ----------------------------------------------------------------------------- cold start, 503, auth
 
 def test_init_spilling_into_the_first_invocation(tiny_model_path, capsys):
-    r = Runtime(environ={**os.environ, "MODEL_PATH": str(tiny_model_path)})
+    r = Runtime.from_env({**os.environ, "MODEL_PATH": str(tiny_model_path)})
     capsys.readouterr()
     r.start_init(budget_s=0.0)
     resp, line = call(r, event("health.json"), capsys)
@@ -369,7 +370,7 @@ def test_init_spilling_into_the_first_invocation(tiny_model_path, capsys):
 
 
 def test_init_line_phase(tiny_model_path, capsys):
-    r = Runtime(environ={**os.environ, "MODEL_PATH": str(tiny_model_path)})
+    r = Runtime.from_env({**os.environ, "MODEL_PATH": str(tiny_model_path)})
     capsys.readouterr()
     r.start_init(budget_s=300)
     inits = [json.loads(x) for x in capsys.readouterr().out.splitlines() if '"event":"init"' in x]
@@ -384,7 +385,7 @@ def test_init_line_phase(tiny_model_path, capsys):
 def test_unloadable_model_is_503_everywhere_and_health_says_why(tmp_path, capsys):
     bad = tmp_path / "broken.gguf"
     bad.write_bytes(b"GGUF" + b"\0" * 64)
-    r = Runtime(environ={**os.environ, "MODEL_PATH": str(bad)})
+    r = Runtime.from_env({**os.environ, "MODEL_PATH": str(bad)})
     r.start_init(budget_s=60)
     for name in ("chat_http_api.json", "completion.json", "models.json"):
         resp, line = call(r, event(name), capsys)
@@ -394,14 +395,14 @@ def test_unloadable_model_is_503_everywhere_and_health_says_why(tmp_path, capsys
     h = body_of(resp)
     assert resp["statusCode"] == 503 and h["status"] == "unavailable" and h["reason"]
     assert call(r, event("bad_json.json"), capsys)[0]["statusCode"] == 400     # the client's error comes first
-    missing = Runtime(environ={k: v for k, v in os.environ.items() if k not in ("MODEL_PATH", "MODEL_S3_URI")})
+    missing = Runtime.from_env({k: v for k, v in os.environ.items() if k not in ("MODEL_PATH", "MODEL_S3_URI")})
     missing.start_init(budget_s=10)
     resp, _ = call(missing, event("health.json"), capsys)
     assert resp["statusCode"] == 503 and "MODEL_PATH" in body_of(resp)["reason"]
 
 
 def test_api_key(tiny_model_path, rt, capsys):
-    r = Runtime(environ={**os.environ, "MODEL_PATH": str(tiny_model_path), "WARMLLM_API_KEY": "s3cret"})
+    r = Runtime.from_env({**os.environ, "MODEL_PATH": str(tiny_model_path), "WARMLLM_API_KEY": "s3cret"})
     r.engine, r._thread = rt.engine, rt._thread           # share the loaded engine
     resp, line = call(r, event("models.json"), capsys)
     assert resp["statusCode"] == 401 and body_of(resp)["error"]["code"] == "invalid_api_key"

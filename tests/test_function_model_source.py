@@ -10,6 +10,7 @@ import pytest
 from moto import mock_aws
 
 from function import model_source
+from function.settings import FunctionSettings
 from function.model_source import ModelSourceError, resolve
 
 
@@ -34,38 +35,38 @@ def test_download_once_then_skip_then_refetch_on_change(s3, tmp_path, capsys, mo
     data = os.urandom(300_000)
     s3.put_object(Bucket="models", Key="qwen/m.gguf", Body=data)
     env = {"MODEL_S3_URI": "s3://models/qwen/m.gguf", "MODEL_DIR": str(tmp_path)}
-    r = resolve(env, s3_client=s3)
+    r = resolve(FunctionSettings.from_env(env), s3_client=s3)
     assert r.downloaded and r.source == "s3" and r.path == str(tmp_path / "m.gguf")
     assert open(r.path, "rb").read() == data and not os.path.exists(r.path + ".part")
     ev = events(capsys)
     assert ev[0]["progress"] == 0.0 and ev[-1]["progress"] == 1.0 and "download_ms" in ev[-1]
     assert any(0 < e.get("bytes_done", 0) for e in ev)
 
-    r2 = resolve(env, s3_client=s3)
+    r2 = resolve(FunctionSettings.from_env(env), s3_client=s3)
     assert not r2.downloaded and events(capsys)[0]["skipped"] is True
 
     s3.put_object(Bucket="models", Key="qwen/m.gguf", Body=data[::-1])      # same size, new ETag
-    r3 = resolve(env, s3_client=s3)
+    r3 = resolve(FunctionSettings.from_env(env), s3_client=s3)
     assert r3.downloaded and open(r3.path, "rb").read() == data[::-1]
 
     with open(r3.path, "ab") as f:                                           # damaged local copy
         f.write(b"x")
-    assert resolve(env, s3_client=s3).downloaded
+    assert resolve(FunctionSettings.from_env(env), s3_client=s3).downloaded
 
 
 def test_failures_say_why(s3, tmp_path):
     with pytest.raises(ModelSourceError, match="cannot read s3://models/missing.gguf"):
-        resolve({"MODEL_S3_URI": "s3://models/missing.gguf", "MODEL_DIR": str(tmp_path)}, s3_client=s3)
+        resolve(FunctionSettings.from_env({"MODEL_S3_URI": "s3://models/missing.gguf", "MODEL_DIR": str(tmp_path)}), s3_client=s3)
     with pytest.raises(ModelSourceError, match="must look like"):
-        resolve({"MODEL_S3_URI": "https://example/m.gguf"}, s3_client=s3)
+        resolve(FunctionSettings.from_env({"MODEL_S3_URI": "https://example/m.gguf"}), s3_client=s3)
     with pytest.raises(ModelSourceError, match="no model configured"):
-        resolve({})
+        resolve(FunctionSettings.from_env({}))
     with pytest.raises(ModelSourceError, match="does not exist"):
-        resolve({"MODEL_PATH": str(tmp_path / "nope.gguf")})
+        resolve(FunctionSettings.from_env({"MODEL_PATH": str(tmp_path / "nope.gguf")}))
 
 
 def test_model_path_wins(tmp_path):
     p = tmp_path / "local.gguf"
     p.write_bytes(b"GGUF")
-    r = resolve({"MODEL_PATH": str(p), "MODEL_S3_URI": "s3://models/x.gguf"})
+    r = resolve(FunctionSettings.from_env({"MODEL_PATH": str(p), "MODEL_S3_URI": "s3://models/x.gguf"}))
     assert r.source == "path" and r.path == str(p) and not r.downloaded

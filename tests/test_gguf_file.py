@@ -5,7 +5,7 @@ import sys
 
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType, GGUFWriter
+from gguf import GGUFWriter
 
 from engine.errors import ModelLoadError
 from engine.gguf_file import GGUFFile

@@ -83,7 +83,7 @@ def test_host_layer_runs_the_engine_and_handler_alone(tmp_path, tiny_model_path)
         r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-d", str(tmp_path / "probe"),
                             "jinja2"], capture_output=True, text=True)
         skip_if_offline(r.stdout + r.stderr)
-        raise AssertionError(f"layer build failed: {exc}")
+        raise AssertionError(f"layer build failed: {exc}") from exc
     assert report["slimmed_bytes"] < report["installed_bytes"]
     layer = Path(report["path"]) / "python"
     assert not (layer / "numba" / "tests").exists() and not (layer / "huggingface_hub").exists()

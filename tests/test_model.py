@@ -114,7 +114,8 @@ def test_factory_is_deterministic_and_seeded(tmp_path):
     a = make_model(tmp_path / "a.gguf", "tiny", "Q8_0", 1)
     b = make_model(tmp_path / "b.gguf", "tiny", "Q8_0", 1)
     c = make_model(tmp_path / "c.gguf", "tiny", "Q8_0", 2)
-    digest = lambda p: hashlib.sha256(p.read_bytes()).hexdigest()
+    def digest(p):
+        return hashlib.sha256(p.read_bytes()).hexdigest()
     assert digest(a) == digest(b)
     assert digest(a) != digest(c)
 
@@ -143,7 +144,8 @@ def test_factory_bytes_do_not_depend_on_numpy_simd_path(tmp_path, weights):
                        env={**os.environ, "NPY_DISABLE_CPU_FEATURES": " ".join(found)},
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    digest = lambda p: hashlib.sha256(p.read_bytes()).hexdigest()
+    def digest(p):
+        return hashlib.sha256(p.read_bytes()).hexdigest()
     assert digest(out) == digest(here), f"bytes differ with numpy's {found} kernels disabled"
 
 
@@ -253,7 +255,7 @@ def _kernel_signatures() -> dict[str, int]:
 
     out = {}
     for mod in (attention, deltanet, ops, activations, kernels):
-        for name, obj in vars(mod).items():
+        for _name, obj in vars(mod).items():
             for d in (obj.parallel, obj.serial) if isinstance(obj, Kernel) else (obj,):
                 if isinstance(d, CPUDispatcher):
                     out[f"{mod.__name__}.{d.py_func.__name__}"] = len(d.signatures)

@@ -272,7 +272,7 @@ def test_chat_turn_two_extends_turn_one_and_other_conversations_reuse_the_system
 def test_chat_turn_two_extends_through_the_handler(tiny_model_path, monkeypatch, capsys):
     from function.runtime import Runtime
 
-    rt = Runtime(environ={**os.environ, "MODEL_PATH": str(tiny_model_path)})
+    rt = Runtime.from_env({**os.environ, "MODEL_PATH": str(tiny_model_path)})
     rt.start_init(budget_s=300)
     eng = rt.engine
     assert eng is not None, rt.error
@@ -304,9 +304,10 @@ def test_chat_turn_two_extends_through_the_handler(tiny_model_path, monkeypatch,
 # ---- a cold second process restores from S3 ------------------------------------------------
 
 CHILD = textwrap.dedent("""
-    import json, sys
+    import json, os, sys
     from engine.generate import Engine
-    eng = Engine.load(sys.argv[1], warm_up=False)
+    from engine.settings import Settings
+    eng = Engine.load(sys.argv[1], warm_up=False, settings=Settings.from_env(os.environ))  # the edge
     msgs = json.loads(sys.argv[2])
     res = eng.generate(eng.chat_prompt(msgs), max_tokens=3)
     print(json.dumps({"mode": res.prefill_mode, "reused": res.reused_tokens, "tier": res.snapshot_tier,

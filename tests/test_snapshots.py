@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from engine import snapshots as S
+from engine.settings import SnapshotSettings
 from engine.state import AttentionState, DeltaNetState, State
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -276,11 +277,11 @@ def test_default_log_is_one_json_line_on_stdout(capsys):
     assert json.loads(out[0]) == {"event": "snapshot_ignored", "reason": "corrupt", "tier": "s3"}
 
 
-def test_from_env_reads_every_variable(tmp_path):
+def test_settings_from_env_read_every_snapshot_variable(tmp_path):
     env = {"SNAPSHOT_MEMORY_MB": "3", "SNAPSHOT_DIR": str(tmp_path), "SNAPSHOT_DIR_MB": "5",
            "SNAPSHOT_S3_URI": "s3://b/some/prefix/", "SNAPSHOT_EVERY": "128", "SNAPSHOT_MAX_AGE_S": "60",
            "SNAPSHOT_FLUSH_S": "0"}
-    st = S.SnapshotStore.from_env(FP, LAYOUT, env)
+    st = S.SnapshotStore.from_settings(FP, LAYOUT, SnapshotSettings.from_env(env))
     assert st.memory.cap_bytes == 3 << 20 and st.dir.cap_bytes == 5 << 20 and st.every == 128
     assert st.s3.bucket == "b" and st.s3.prefix == f"some/prefix/{FP}" and st.max_age_s == 60
     assert st.tiers == ["memory", "efs", "s3"]

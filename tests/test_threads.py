@@ -4,21 +4,20 @@ import numba
 import pytest
 
 from engine import threads
+from engine.settings import Settings
 
 
-def test_env_overrides_default(monkeypatch):
-    monkeypatch.setenv("WARMLLM_THREADS", "1")
-    cfg = threads.configure()
+def test_warmllm_threads_reaches_configure():
+    cfg = threads.configure(Settings.from_env({"WARMLLM_THREADS": "1"}).threads)
     assert cfg.threads == 1
     assert numba.get_num_threads() == 1
     assert cfg.blas_threads in (None, 1)
 
 
-def test_argument_wins_over_env_and_default_is_cpu_count(monkeypatch):
-    monkeypatch.setenv("WARMLLM_THREADS", "1")
+def test_argument_wins_and_default_is_cpu_count(monkeypatch):
+    monkeypatch.setenv("WARMLLM_THREADS", "1")  # the environment is read at the edges only
     n = min(2, numba.config.NUMBA_NUM_THREADS)
     assert threads.configure(n).threads == n
-    monkeypatch.delenv("WARMLLM_THREADS")
     cfg = threads.configure()
     assert cfg.threads == min(threads.available_cpus(), numba.config.NUMBA_NUM_THREADS)
     assert numba.get_num_threads() == cfg.threads
@@ -26,10 +25,12 @@ def test_argument_wins_over_env_and_default_is_cpu_count(monkeypatch):
 
 
 @pytest.mark.parametrize("bad", ["0", "-2", "many"])
-def test_bad_env_rejected(monkeypatch, bad):
-    monkeypatch.setenv("WARMLLM_THREADS", bad)
-    with pytest.raises(ValueError, match="WARMLLM_THREADS|>= 1"):
-        threads.configure()
+def test_bad_env_rejected(bad):
+    with pytest.raises(ValueError, match="WARMLLM_THREADS=.* is invalid: set it to a whole number >= 1"):
+        Settings.from_env({"WARMLLM_THREADS": bad})
+    if bad != "many":
+        with pytest.raises(ValueError, match=">= 1"):
+            threads.configure(int(bad))
 
 
 _NUMPY_SEES = """

@@ -9,9 +9,9 @@ same functions. Every intermediate has a name; pass `hook(name, layer, array)` t
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable
+from typing import cast
 
 import numpy as np
 
@@ -19,7 +19,7 @@ from engine import attention, deltanet
 from engine.errors import ModelLoadError
 from engine.gguf_file import GGUFFile
 from engine.ops import rms_norm, sigmoid, silu, silu_mul, softplus
-from engine.state import AttentionState, DeltaNetState, State
+from engine.state import AttentionState, DeltaNetState, LayerState, State
 from engine.weights import Linear, ScratchBuffer, vector
 
 ARCH = "qwen35"
@@ -63,7 +63,7 @@ class Qwen35Config:
         return (layer + 1) % self.full_attention_interval != 0
 
     @classmethod
-    def from_gguf(cls, f: GGUFFile) -> "Qwen35Config":
+    def from_gguf(cls, f: GGUFFile) -> Qwen35Config:
         p = f"{ARCH}."
         n_embd = int(f.require(p + "embedding_length"))
         n_head = int(f.require(p + "attention.head_count"))
@@ -206,7 +206,7 @@ class Qwen35:
 
     def new_state(self) -> State:
         cfg = self.config
-        layers: list[DeltaNetState | AttentionState] = []
+        layers: list[LayerState] = []
         for il in range(cfg.n_layer):
             if cfg.is_recurrent(il):
                 layers.append(DeltaNetState(
@@ -256,12 +256,12 @@ class Qwen35:
             if hook:
                 hook("attn_norm", il, h)
             if isinstance(lw.mixer, DeltaNetWeights):
-                h, captured[il] = self._deltanet(lw.mixer, h, state.layers[il], il, hook, rel)
+                h, captured[il] = self._deltanet(lw.mixer, h, cast(DeltaNetState, state.layers[il]), il, hook, rel)
             else:
                 if rope is None:  # ~120 us a layer per decode step when each layer made its own
                     rope = attention.rope_angles(np.arange(start, start + tokens.size), cfg.n_rot, cfg.rope_base,
                                                  list(cfg.rope_sections))
-                h = self._attention(lw.mixer, h, state.layers[il], start, il, hook, rope)
+                h = self._attention(lw.mixer, h, cast(AttentionState, state.layers[il]), start, il, hook, rope)
             x = x + h
             if hook:
                 hook("attn_residual", il, x)

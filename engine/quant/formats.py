@@ -468,6 +468,7 @@ class Q6_K(QuantFormat, qtype=GGMLQuantizationType.Q6_K):
                 better = (suml2 > 0) & (score > best)
                 best = np.where(better, score, best)
                 best_scale = np.where(better, s, best_scale)
+        assert best_scale is not None  # the search always has its first candidate
         return np.where(zero, f32(0), best_scale).astype(f32)
 
     @classmethod

@@ -11,8 +11,10 @@ from __future__ import annotations
 import math
 import os
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from gguf import GGMLQuantizationType as Q, GGUFWriter, LlamaFileType
@@ -226,7 +228,7 @@ def make_model(out: str | os.PathLike[str], preset: str = "tiny", weights: str =
 
 
 def _write_tokenizer(w: GGUFWriter, meta: dict) -> None:
-    setters = {
+    setters: dict[str, Callable[[Any], None]] = {
         "tokenizer.ggml.model": w.add_tokenizer_model,
         "tokenizer.ggml.pre": w.add_tokenizer_pre,
         "tokenizer.ggml.tokens": w.add_token_list,

@@ -132,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     total = round(time.perf_counter() - t0, 1)
     print("\n=== arm64 summary (qemu user-mode; times are emulated, not Graviton speed)")
     for r in results:
-        print(f"  {r['target']:<12} {'ok' if r['rc'] == 0 else 'FAILED (rc %d)' % r['rc']:<14} {r['seconds']:>7.1f} s")
+        status = "ok" if r["rc"] == 0 else f"FAILED (rc {r['rc']})"
+        print(f"  {r['target']:<12} {status:<14} {r['seconds']:>7.1f} s")
     print(f"  {'total':<12} {'':<14} {total:>7.1f} s")
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / ("summary-ci.json" if a.ci else "summary.json")).write_text(

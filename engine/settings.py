@@ -1,0 +1,104 @@
+"""The engine's settings: one frozen dataclass, built from the environment once at an edge (the
+CLI, the Lambda function) and passed down. Nothing below the edges reads ``os.environ`` for a
+setting; the exceptions are the process setup that must run before a native library loads and
+reads its own variables (``NUMBA_*``, ``OPENBLAS_*``/``OMP_*``, ``MALLOC_*``: ``engine/__init__``,
+``engine/threads``, ``engine/allocator``, ``engine/fpmode``).
+
+``env_value`` is the one parser: unset or empty means the default; anything else must parse
+and pass the check, or the error names the variable, what it got and what it takes.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TypeVar
+
+T = TypeVar("T")
+
+DEFAULT_N_CTX = 32768
+DEFAULT_PREFILL_CHUNK = 512
+DEFAULT_SNAPSHOT_EVERY = 256
+DEFAULT_SNAPSHOT_MEMORY_MB = 512.0
+DEFAULT_SNAPSHOT_DIR_MB = 10240.0
+DEFAULT_SNAPSHOT_FLUSH_S = 30.0
+
+
+def env_value(env: Mapping[str, str], name: str, parse: Callable[[str], T], default: T, *,
+              check: Callable[[T], bool] = lambda v: True, takes: str, default_is: str | None = None) -> T:
+    """`env[name]` parsed, or `default` when unset or blank; an invalid value raises
+    ValueError("NAME=... is invalid: set it to <takes>, or unset it for the default ...")."""
+    raw = env.get(name, "").strip()
+    if raw == "":
+        return default
+    try:
+        value = parse(raw)
+    except ValueError:
+        value = None
+    if value is None or not check(value):
+        raise ValueError(f"{name}={raw!r} is invalid: set it to {takes}, "
+                         f"or unset it for the default ({default if default_is is None else default_is})")
+    return value
+
+
+def env_str(env: Mapping[str, str], name: str) -> str | None:
+    """A string setting, as given: None when unset or empty."""
+    return env.get(name) or None
+
+
+def positive_int(env: Mapping[str, str], name: str, default: int) -> int:
+    return env_value(env, name, int, default, check=lambda v: v >= 1, takes="a whole number >= 1")
+
+
+def non_negative(env: Mapping[str, str], name: str, default: float) -> float:
+    return env_value(env, name, float, default, check=lambda v: v >= 0, takes="a number >= 0")
+
+
+def positive(env: Mapping[str, str], name: str, default: float) -> float:
+    return env_value(env, name, float, default, check=lambda v: v > 0, takes="a number > 0")
+
+
+@dataclass(frozen=True)
+class SnapshotSettings:
+    """The prefix-snapshot tiers (docs/snapshots.md); memory-only by default."""
+
+    memory_mb: float = DEFAULT_SNAPSHOT_MEMORY_MB   # SNAPSHOT_MEMORY_MB (0 turns the memory tier off)
+    dir: str | None = None                          # SNAPSHOT_DIR (EFS mount)
+    dir_mb: float = DEFAULT_SNAPSHOT_DIR_MB         # SNAPSHOT_DIR_MB
+    s3_uri: str | None = None                       # SNAPSHOT_S3_URI
+    s3_endpoint_url: str | None = None              # SNAPSHOT_S3_ENDPOINT_URL
+    every: int = DEFAULT_SNAPSHOT_EVERY             # SNAPSHOT_EVERY (checkpoint interval, tokens)
+    max_age_s: float = 0.0                          # SNAPSHOT_MAX_AGE_S (0: no age limit)
+    flush_s: float = DEFAULT_SNAPSHOT_FLUSH_S       # SNAPSHOT_FLUSH_S (0: no flush at exit)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> SnapshotSettings:
+        return cls(
+            memory_mb=non_negative(env, "SNAPSHOT_MEMORY_MB", DEFAULT_SNAPSHOT_MEMORY_MB),
+            dir=env_str(env, "SNAPSHOT_DIR"),
+            dir_mb=non_negative(env, "SNAPSHOT_DIR_MB", DEFAULT_SNAPSHOT_DIR_MB),
+            s3_uri=env_str(env, "SNAPSHOT_S3_URI"),
+            s3_endpoint_url=env_str(env, "SNAPSHOT_S3_ENDPOINT_URL"),
+            every=positive_int(env, "SNAPSHOT_EVERY", DEFAULT_SNAPSHOT_EVERY),
+            max_age_s=non_negative(env, "SNAPSHOT_MAX_AGE_S", 0.0),
+            flush_s=non_negative(env, "SNAPSHOT_FLUSH_S", DEFAULT_SNAPSHOT_FLUSH_S),
+        )
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the engine is configured with; `Settings()` is the defaults."""
+
+    threads: int | None = None                      # WARMLLM_THREADS (None: the CPUs this process may use)
+    n_ctx: int = DEFAULT_N_CTX                      # WARMLLM_N_CTX (capped by the model's training context)
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK      # WARMLLM_PREFILL_CHUNK (tokens per batched forward)
+    snapshots: SnapshotSettings = SnapshotSettings()
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Settings:
+        return cls(
+            threads=env_value(env, "WARMLLM_THREADS", int, None, check=lambda v: v is not None and v >= 1,
+                              takes="a whole number >= 1", default_is="the CPUs this process may use"),
+            n_ctx=positive_int(env, "WARMLLM_N_CTX", DEFAULT_N_CTX),
+            prefill_chunk=positive_int(env, "WARMLLM_PREFILL_CHUNK", DEFAULT_PREFILL_CHUNK),
+            snapshots=SnapshotSettings.from_env(env),
+        )

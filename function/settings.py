@@ -1,0 +1,47 @@
+"""The function's settings: the engine's `Settings` plus what only the Lambda function reads,
+built once from the environment in ``function/app.py`` (or a test) and handed to the Runtime.
+One parser for every variable (``engine.settings.env_value``): an invalid value is an error
+at init naming the variable and the fix, never a silent fallback."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from engine.settings import Settings, env_str, non_negative, positive
+
+DEFAULT_API_DEADLINE_S = 28.0
+DEFAULT_MARGIN_S = 0.5
+DEFAULT_MODEL_RETRY_S = 30.0
+DEFAULT_INIT_BUDGET_S = 8.0
+DEFAULT_MODEL_DIR = "/tmp/warmllm-models"
+
+
+@dataclass(frozen=True)
+class FunctionSettings:
+    engine: Settings = field(default_factory=Settings)
+    model_path: str | None = None                   # MODEL_PATH: a GGUF on disk (EFS, the image)
+    model_s3_uri: str | None = None                 # MODEL_S3_URI: s3://bucket/key.gguf, downloaded once
+    model_dir: str = DEFAULT_MODEL_DIR              # MODEL_DIR: where the download goes
+    api_key: str | None = None                      # WARMLLM_API_KEY: Bearer token required when set
+    api_deadline_s: float = DEFAULT_API_DEADLINE_S  # API_DEADLINE_S: API Gateway's integration timeout
+    deadline_margin_s: float = DEFAULT_MARGIN_S     # DEADLINE_MARGIN_S: answer this long before it
+    model_retry_s: float = DEFAULT_MODEL_RETRY_S    # MODEL_RETRY_S: wait before retrying a failed load
+    init_budget_s: float = DEFAULT_INIT_BUDGET_S    # INIT_BUDGET_S: how long init waits for the model
+
+    @property
+    def model_source(self) -> str | None:
+        return self.model_path or self.model_s3_uri
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> FunctionSettings:
+        return cls(
+            engine=Settings.from_env(env),
+            model_path=env_str(env, "MODEL_PATH"),
+            model_s3_uri=env_str(env, "MODEL_S3_URI"),
+            model_dir=env_str(env, "MODEL_DIR") or DEFAULT_MODEL_DIR,
+            api_key=env_str(env, "WARMLLM_API_KEY"),
+            api_deadline_s=positive(env, "API_DEADLINE_S", DEFAULT_API_DEADLINE_S),
+            deadline_margin_s=non_negative(env, "DEADLINE_MARGIN_S", DEFAULT_MARGIN_S),
+            model_retry_s=non_negative(env, "MODEL_RETRY_S", DEFAULT_MODEL_RETRY_S),
+            init_budget_s=non_negative(env, "INIT_BUDGET_S", DEFAULT_INIT_BUDGET_S),
+        )
