@@ -41,10 +41,13 @@ COPY pyproject.toml models* /opt/model/
 # NUMBA_CPU_FEATURES), so a build under emulation writes the cache key a real Lambda CPU looks up.
 # /var/task is read-only at run time and numba only uses writable cache directories, so the cache
 # is built in /opt/numba-cache and function/numba_cache.py copies it to /tmp/numba-cache at cold start.
+# ARM64_CPU=neoverse-v1 (or -v2) opts an arm64 image into Graviton3/4 code: i8mm and SVE, which a
+# Graviton2 cannot run (SIGILL); docs/function.md. The default runs on every Graviton.
+ARG ARM64_CPU=neoverse-n1
 RUN set -eux; \
     rm -f /opt/model/pyproject.toml; \
     case "${TARGETARCH:-$(uname -m)}" in \
-      arm64|aarch64) cpu=neoverse-n1 ;; \
+      arm64|aarch64) cpu="${ARM64_CPU}" ;; \
       amd64|x86_64)  cpu=x86-64-v3 ;; \
       *)             cpu=generic ;; \
     esac; \

@@ -76,9 +76,10 @@ def _compiled(qtype):
     W = rng.standard_normal((rows, 512), dtype=np.float32)
     raw = F.quantize(W, qtype)
     out = np.empty(rows, np.float32)
-    K.matvec(qtype, raw, rng.standard_normal(512, dtype=np.float32), out)
+    plan = K.MatvecPlan(qtype, raw, rows, 512)  # the kernel decode runs here: float or int8
+    plan(rng.standard_normal(512, dtype=np.float32), out)
     K.dequantize_rows_into(qtype, raw, np.empty((rows, 512), np.float32))
-    return K._MATVEC[qtype], K._DEQUANT[qtype]
+    return plan.kernel, K._DEQUANT[qtype]
 
 
 # ---------------------------------------------------------------- the checker is falsifiable
@@ -169,10 +170,11 @@ def test_every_kernel_the_model_compiles_is_vectorised(model_factory):
         eng.model.forward(np.array(ids[:1]), st)             # decode step
     seen, found = [], []
     import sys
-    # The integer kernels run on x86_64 only (K.has_int8_kernels); another test in this process
-    # may have compiled them (test_quant_kernels forces them), but the model here never runs them.
+    # The integer kernels run where K.has_int8_kernels (x86_64, arm64 with dot products); on
+    # `generic` another test in this process may have compiled their portable IR (test_quant_kernels
+    # forces them), but the model here never runs them.
     int8_only = set() if K.has_int8_kernels(T.Q4_K) else {
-        k.__name__ for k in (*K._MATVEC_INT8.values(), K._mm_k_q8k, K._mm_q8_0_q8)}
+        k.__name__ for k in (*K._MATVEC_INT8.values(), K._mm_k_q8k, K._mm_q8_0_q8, K._mm_q5_k_q8k)}
     for modname, mod in list(sys.modules.items()):
         if not modname.startswith("engine") or mod is None:
             continue

@@ -535,6 +535,10 @@ def _tile_block(kind: str):
     from engine.quant import paths
 
     level = paths.target().level
+    if level in paths.ARM_LEVELS:
+        from engine.quant import arm_neon
+        return arm_neon.tile_block(kind)
+    _portable(kind)
     if level in ("avx512vnni", "avx512bw"):
         from engine.quant import x86_avx512
         return x86_avx512.tile_block(kind, vnni=level == "avx512vnni"), 16
@@ -544,17 +548,53 @@ def _tile_block(kind: str):
     return _k_block_wide(kind), 16
 
 
+def _portable(kind: str) -> None:
+    if kind == "q5_k":
+        raise TypeError("the Q5_K integer kernels are arm64's (arm_neon.py); kernels.has_int8_kernels "
+                        "keeps Q5_K on the float kernels elsewhere")
+
+
+def _row_block(kind: str):
+    """The decode row's block body for the level numba compiles for, and its accumulator width:
+    arm64 with dot products has its own (arm_neon.py), every other level this file's IR."""
+    from engine.quant import paths
+
+    if paths.target().level in paths.ARM_LEVELS:
+        from engine.quant import arm_neon
+        return arm_neon.row_block(kind)
+    _portable(kind)
+    return (_q8_0_block if kind == "q8_0" else _k_block(kind)), 8
+
+
+def _q8_0_tile_block():
+    from engine.quant import paths
+
+    if paths.target().level in paths.ARM_LEVELS:
+        from engine.quant import arm_neon
+        return arm_neon.tile_block("q8_0")
+    return _q8_0_block, 8
+
+
 @intrinsic
 def q4_k_row_dot(typingctx, row, nb, xq, xd, xs, knobs):
     """The Q4_K row (nb blocks) times one token's Q8_K activations (xq int8, xd block scales, xs
     int16 sums per 16 values), as float32."""
-    return types.float32(row, nb, xq, xd, xs, knobs), _row_codegen(_K_ROW, 1, _k_block("q4_k"))
+    block, lanes = _row_block("q4_k")
+    return types.float32(row, nb, xq, xd, xs, knobs), _row_codegen(_K_ROW, 1, block, lanes=lanes)
 
 
 @intrinsic
 def q6_k_row_dot(typingctx, row, nb, xq, xd, xs, knobs):
     """`q4_k_row_dot` for a Q6_K row."""
-    return types.float32(row, nb, xq, xd, xs, knobs), _row_codegen(_K_ROW, 1, _k_block("q6_k"))
+    block, lanes = _row_block("q6_k")
+    return types.float32(row, nb, xq, xd, xs, knobs), _row_codegen(_K_ROW, 1, block, lanes=lanes)
+
+
+@intrinsic
+def q5_k_row_dot(typingctx, row, nb, xq, xd, xs, knobs):
+    """`q4_k_row_dot` for a Q5_K row: arm64 with dot products only (arm_neon.py)."""
+    block, lanes = _row_block("q5_k")
+    return types.float32(row, nb, xq, xd, xs, knobs), _row_codegen(_K_ROW, 1, block, lanes=lanes)
 
 
 @intrinsic
@@ -575,10 +615,19 @@ def q6_k_row_dot_tile(typingctx, row, nb, xq, xo, xstride, xd, do, dstride, xs, 
 
 
 @intrinsic
+def q5_k_row_dot_tile(typingctx, row, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res, knobs):
+    """`q4_k_row_dot_tile` for a Q5_K row: arm64 with dot products only (arm_neon.py)."""
+    sig = types.void(row, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res, knobs)
+    block, lanes = _tile_block("q5_k")
+    return sig, _row_codegen(_K_TILE, WIDE_TILE, block, lanes=lanes)
+
+
+@intrinsic
 def q8_0_row_dot(typingctx, row, nb, xq, xd):
     """The Q8_0 row (nb blocks) times one token's Q8_0 activations (xq int8 values as int16, xd
     block scales), as float32."""
-    return types.float32(row, nb, xq, xd), _row_codegen(_Q8_0_ROW, 1, _q8_0_block)
+    block, lanes = _row_block("q8_0")
+    return types.float32(row, nb, xq, xd), _row_codegen(_Q8_0_ROW, 1, block, lanes=lanes)
 
 
 @intrinsic
@@ -586,4 +635,5 @@ def q8_0_row_dot_tile(typingctx, row, nb, xq, xo, xstride, xd, do, dstride, res)
     """res[t] = the Q8_0 row times token t's activations for t < TILE (token t's values at
     xq[xo + t*xstride:], block scales at xd[do + t*dstride:])."""
     sig = types.void(row, nb, xq, xo, xstride, xd, do, dstride, res)
-    return sig, _row_codegen(_Q8_0_TILE, TILE, _q8_0_block)
+    block, lanes = _q8_0_tile_block()
+    return sig, _row_codegen(_Q8_0_TILE, TILE, block, lanes=lanes)

@@ -35,8 +35,8 @@ from engine.llvm_ops import bits_to_f32, half_bits_to_f32
 from .activations import Q8KTokens, quantize_q8_0, quantize_q8_k, quantize_q8_k_tokens, round_activations
 from . import paths
 from .formats import get_format, quantize, row_bytes
-from .int8_dot import (KNOBS, TILE, WIDE_TILE, q4_k_row_dot, q4_k_row_dot_tile, q6_k_row_dot, q6_k_row_dot_tile, q8_0_row_dot,
-                       q8_0_row_dot_tile)
+from .int8_dot import (KNOBS, TILE, WIDE_TILE, q4_k_row_dot, q4_k_row_dot_tile, q5_k_row_dot, q5_k_row_dot_tile,
+                       q6_k_row_dot, q6_k_row_dot_tile, q8_0_row_dot, q8_0_row_dot_tile)
 
 _F32 = np.float32
 _DQ = dict(parallel=True, fastmath=False, cache=True)  # exact decode
@@ -584,6 +584,14 @@ def _mv_k_q8k(w, xq, xd, xs16, out, knobs, q6):
 
 
 @njit(**_MV)
+def _mv_q5_k_q8k(w, xq, xd, xs16, out, knobs, q6):
+    # arm64 only (arm_neon.py): _mv_k_q8k's arguments, so MatvecPlan calls both alike
+    nb = xd.shape[0]
+    for r in prange(w.shape[0]):
+        out[r] = q5_k_row_dot(w[r], nb, xq, xd, xs16, knobs)
+
+
+@njit(**_MV)
 def _mv_q8_0_q8(w, xq16, xd, out):
     nb = xd.shape[0]
     for r in prange(w.shape[0]):
@@ -621,12 +629,30 @@ def _mm_k_q8k(w, xq, xd, xs16, out, knobs, q6):
                         out[t0 + t, r] = res[t] - out[t0 + t, r]
 
 
+@njit(**_MV)
+def _mm_q5_k_q8k(w, xq, xd, xs16, out, knobs):
+    # _mm_k_q8k for Q5_K (arm64 only, arm_neon.py): out holds the mins' product on entry
+    tp = out.shape[0]
+    nb = xd.shape[0] // tp
+    cols = nb * 256
+    rows = w.shape[0]
+    for c in prange((rows + _ROW_CHUNK - 1) // _ROW_CHUNK):
+        res = np.empty(WIDE_TILE, np.float32)
+        for t0 in range(0, tp, WIDE_TILE):
+            for r in range(c * _ROW_CHUNK, min(rows, (c + 1) * _ROW_CHUNK)):
+                q5_k_row_dot_tile(w[r], nb, xq, t0 * cols, cols, xd, t0 * nb, nb,
+                                  xs16, t0 * cols // 16, cols // 16, res, knobs)
+                for t in range(WIDE_TILE):
+                    out[t0 + t, r] = res[t] - out[t0 + t, r]
+
+
 @njit(parallel=True, cache=True)
-def _q4_k_mins(w, nb, out):
-    """out[r, 8b + j] = dmin * min j of block b of row r (get_scale_min_k4's mins)."""
+def _q4_k_mins(w, nb, out, block_bytes=144):
+    """out[r, 8b + j] = dmin * min j of block b of row r (get_scale_min_k4's mins; Q5_K's blocks,
+    176 bytes, have the same header)."""
     for r in prange(w.shape[0]):
         for i in range(nb):
-            p = i * 144
+            p = i * block_bytes
             dmin = _f16_at(w[r], p + 2)
             for j in range(8):
                 out[r, 8 * i + j] = dmin * _scale_min_k4(w[r], p + 4, j)[1]
@@ -725,9 +751,10 @@ def dequantize_rows_into(qtype, raw: np.ndarray, out: np.ndarray) -> None:
 
 # Integer matrix-vector kernels: K formats take Q8_K activations (w, xq, xd, xs16, out, knobs,
 # q6), Q8_0 takes Q8_0 activations (w, xq16, xd, out).
-_MATVEC_INT8 = {T.Q4_K: _mv_k_q8k, T.Q6_K: _mv_k_q8k, T.Q8_0: _mv_q8_0_q8}
+_MATVEC_INT8 = {T.Q4_K: _mv_k_q8k, T.Q6_K: _mv_k_q8k, T.Q8_0: _mv_q8_0_q8, T.Q5_K: _mv_q5_k_q8k}
 _MATVEC_INT8_SERIAL = {qt: serial_twin(k) for qt, k in _MATVEC_INT8.items()}
-_MULTI_TOKEN = {T.Q4_K, T.Q6_K, T.Q8_0}  # formats with a multi-token kernel (_mm_k_q8k, _mm_q8_0_q8)
+_MULTI_TOKEN = {T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0}  # formats with a multi-token kernel (_mm_*)
+_PORTABLE_INT8 = {T.Q4_K, T.Q6_K, T.Q8_0}  # int8_dot.py's generic IR (Q5_K: arm_neon.py only)
 
 
 # Where the integer kernels run: the x86 levels of engine/quant/paths.py (AVX2 and up). arm64
@@ -737,10 +764,21 @@ INT8_MACHINES = {"x86_64", "AMD64"}
 
 
 def has_int8_kernels(qtype) -> bool:
-    """Whether `qtype` matrix-vector products run the integer kernels here (MatvecPlan.int8)."""
+    """Whether `qtype` matrix-vector products run the integer kernels here (MatvecPlan.int8):
+    the x86 levels and arm64 with dot products (paths.has_int8), or the generic IR on another
+    machine its tests list in INT8_MACHINES."""
+    qt = get_format(qtype).qtype
+    if qt not in _MATVEC_INT8:
+        return False
+    if paths.has_int8(qt):
+        return True
     m = platform.machine()
-    return (get_format(qtype).qtype in _MATVEC_INT8 and m in INT8_MACHINES
-            and (m not in paths.X86 or paths.has_int8(qtype)))
+    return m in INT8_MACHINES and m not in paths.X86 and qt in _PORTABLE_INT8
+
+
+def _q8_0_activations():
+    """The Q8_0 kernels' activation dtype: int8 for arm64's `sdot`, int16 for x86 (int8_dot)."""
+    return np.int8 if paths.target().level in paths.ARM_LEVELS else np.int16
 
 
 def has_multi_token_kernel(qtype) -> bool:
@@ -755,8 +793,17 @@ def has_multi_token_kernel(qtype) -> bool:
 # port), whole 512-token forwards, two copies of the model in one process alternating, best of
 # 3-4, two runs: the x86_avx512 VNNI tile 69.2 and 95.4 tok/s vs dequantize + OpenBLAS 101.1 and
 # 93.4 (a loss, then a tie); the AVX2 tile (x86_avx2) lost per matrix, 42-45 vs 59-70 GMAC/s.
+#
+# arm64 with dot products: the `sdot` tiles at every length. Not measured (no Graviton here):
+# Arm's Neoverse N1 Software Optimization Guide (table 3.15, ASIMD) gives SDOT (16 int8 MACs)
+# and FMLA .4s (4 f32 MACs) the same throughput of 2 per cycle, so the tile does 4x the
+# multiplies per instruction of fp32 SGEMM and skips the f32 dequantization of every matrix;
+# llama.cpp runs the same `sdot` products for every prompt length there. `make bench-arm64`
+# is the emulated cost model that compares them.
 def _tiles_win_at_every_length() -> bool:
     t = paths.target()
+    if t.level in paths.ARM_LEVELS:
+        return True
     return t.level in ("avx512vnni", "avx512bw") and t.cpu_name.startswith("znver")
 
 
@@ -775,8 +822,8 @@ SHORT_PREFILL = 64
 def has_int8_prefill(qtype) -> bool:
     """Whether a batched prefill of any length multiplies `qtype` in the multi-token int8 kernel
     rather than dequantize + fp32 BLAS (`_tiles_win_at_every_length`)."""
-    return (get_format(qtype).qtype in (T.Q4_K, T.Q6_K) and has_multi_token_kernel(qtype)
-            and _tiles_win_at_every_length())
+    formats = _MULTI_TOKEN if paths.target().level in paths.ARM_LEVELS else (T.Q4_K, T.Q6_K)
+    return get_format(qtype).qtype in formats and has_multi_token_kernel(qtype) and _tiles_win_at_every_length()
 
 
 def int8_prefill_wins(qtype, tokens: int) -> bool:
@@ -797,7 +844,7 @@ class MatvecPlan:
         if self.int8:
             self.kernel = (_MATVEC_INT8_SERIAL if small else _MATVEC_INT8)[qt]
             if qt == T.Q8_0:
-                self.xq = np.empty(cols, np.int16)
+                self.xq = np.empty(cols, _q8_0_activations())
                 self.xd = np.empty(cols // 32, np.float32)
             else:
                 self.xq = np.empty(cols, np.int8)
@@ -828,7 +875,7 @@ class MatvecPlan:
         out = np.empty((tp, self.rows), np.float32)
         # padding tokens stay zero (their results are dropped); blocks never straddle tokens
         # (cols is a multiple of the block), so all tokens quantize in one call
-        xq16 = np.zeros(tp * cols, np.int16)
+        xq16 = np.zeros(tp * cols, _q8_0_activations())
         xd = np.zeros(tp * cols // 32, np.float32)
         quantize_q8_0(flat, xq16[:t * cols], xd[:t * cols // 32])
         _mm_q8_0_q8(self.w, xq16, xd, out)
@@ -847,9 +894,12 @@ class MatvecPlan:
             # sum over blocks b and runs j of (dmin_b m_bj) (d_b^x sums_bj^x): 1/32 of the
             # product's multiply-adds, done by BLAS into `out`, which the kernel subtracts from
             mins = np.empty((self.rows, self.cols // 32), np.float32)
-            _q4_k_mins(self.w, self.cols // 256, mins)
+            _q4_k_mins(self.w, self.cols // 256, mins, 176 if self.qtype == T.Q5_K else 144)
             np.matmul(a.scaled_sums32, mins.T, out=out)
-        _mm_k_q8k(self.w, a.q, a.d, a.sums16, out, KNOBS, q6)
+        if self.qtype == T.Q5_K:
+            _mm_q5_k_q8k(self.w, a.q, a.d, a.sums16, out, KNOBS)
+        else:
+            _mm_k_q8k(self.w, a.q, a.d, a.sums16, out, KNOBS, q6)
         return out[:a.tokens]
 
     def __call__(self, x: np.ndarray, out: np.ndarray) -> None:

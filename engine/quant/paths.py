@@ -13,7 +13,9 @@ Levels (one kernel file each under engine/quant/):
 | `avx512bw` | Skylake-X / Cascade Lake without VNNI use | `vpmaddubsw` + `vpmaddwd`, 512-bit | `x86_avx512.py` |
 | `avxvnni` | Alder Lake+, Sierra Forest (AVX2 + VEX VNNI) | `vpdpbusd` + `vpackssdw` + `vpdpwssd`, 256-bit | `x86_avx2.py` |
 | `avx2` | Haswell+, Zen 1-3: the floor Lambda promises on x86 | `vpmaddubsw` + `vpmaddwd`, 256-bit | `x86_avx2.py` |
-| `portable` | arm64 (until its own kernels, issue 14), older x86 | float kernels, dequantize + BLAS | `kernels.py` |
+| `neon-i8mm` | Graviton3/4 (Neoverse V1/V2): dotprod + i8mm | `sdot` rows and tiles | `arm_neon.py` |
+| `neon-dotprod` | Graviton2 (Neoverse N1): Armv8.2 + dotprod | `sdot` rows and tiles | `arm_neon.py` |
+| `portable` | arm64 without dot products, older x86 | float kernels, dequantize + BLAS | `kernels.py` |
 
 `kernel_paths()` is what the init log line and the bench receipt print:
 `{"Q4_K": {"decode": "avx2-int8", "prefill": "avx512vnni-int8"}, ...}`.
@@ -27,6 +29,19 @@ from functools import cache
 from gguf import GGMLQuantizationType as T
 
 X86 = {"x86_64", "AMD64"}
+ARM = {"aarch64", "arm64"}
+ARM_LEVELS = ("neon-i8mm", "neon-dotprod")
+
+# NUMBA_CPU_FEATURES="" (how tests/arm64 and function/numba_cache.py pin a Graviton target) means
+# "the named CPU's own features" to LLVM, so the features are read from the name: LLVM's
+# AArch64 processor table (AArch64Processors.td) for the CPUs Lambda runs on and their siblings.
+ARM_CPU_FEATURES = {
+    "neoverse-n1": ("neon", "dotprod"), "cortex-a76": ("neon", "dotprod"), "ares": ("neon", "dotprod"),
+    "neoverse-v1": ("neon", "dotprod", "i8mm", "sve", "bf16"),
+    "neoverse-v2": ("neon", "dotprod", "i8mm", "sve", "sve2", "bf16"),
+    "neoverse-n2": ("neon", "dotprod", "i8mm", "sve", "sve2", "bf16"),
+    "neoverse-v3": ("neon", "dotprod", "i8mm", "sve", "sve2", "bf16"),
+}
 
 # x86-64-v3 (what "held to AVX2" means, and the x86 floor Lambda promises): for
 # NUMBA_CPU_FEATURES in the benchmark and the AVX2 tests; every other host feature is turned off.
@@ -34,6 +49,7 @@ X86_64_V3 = ("64bit", "cmov", "cx8", "cx16", "fxsr", "mmx", "sahf", "sse", "sse2
              "sse4.2", "crc32", "popcnt", "avx", "avx2", "bmi", "bmi2", "fma", "f16c", "lzcnt", "movbe", "xsave")
 
 INT8_FORMATS = (T.Q4_K, T.Q6_K, T.Q8_0)        # row kernels (decode) and tiles (prefill)
+ARM_INT8_FORMATS = (T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0)  # arm_neon.py's rows and tiles
 TILE_FORMATS = (T.Q4_K, T.Q6_K)                 # per-ISA tiles; Q8_0's tile is portable IR
 
 
@@ -48,6 +64,10 @@ class Target:
 
     @property
     def level(self) -> str:
+        if self.machine in ARM:
+            if self.has("dotprod", "i8mm"):
+                return "neon-i8mm"
+            return "neon-dotprod" if self.has("dotprod") else "portable"
         if self.machine not in X86 or not self.has("avx2", "fma", "f16c"):
             return "portable"
         if self.has("avx512bw", "avx512vl", "avx512vnni"):
@@ -85,16 +105,34 @@ def target() -> Target:
     if flat is None:
         flat = llvm.get_host_cpu_features().flatten()
     feats = frozenset(f[1:] for f in flat.split(",") if f.startswith("+"))
-    return Target(platform.machine(), name, feats)
+    machine = platform.machine()
+    if machine in ARM and not flat.strip():
+        feats = frozenset(ARM_CPU_FEATURES.get(name, ()))
+    return Target(machine, name, feats)
 
 
 def has_int8(qtype) -> bool:
     """Whether `qtype`'s products run in integer arithmetic here (decode rows and tiles)."""
-    return T(qtype) in INT8_FORMATS and target().level != "portable"
+    level = target().level
+    return T(qtype) in (ARM_INT8_FORMATS if level in ARM_LEVELS else INT8_FORMATS) and level != "portable"
 
 
 def decode_path(qtype) -> str:
-    return f"{target().level}-int8" if has_int8(qtype) else "float"
+    if not has_int8(qtype):
+        return "float"
+    # arm64's decode rows are `sdot` on every level that has them (smmla needs two tokens)
+    return "neon-dotprod-int8" if target().level in ARM_LEVELS else f"{target().level}-int8"
+
+
+def tile_level(qtype) -> str:
+    """The level whose instructions `qtype`'s multi-token tile runs: arm64's i8mm targets run the
+    `sdot` tiles until a format has an `smmla` one (arm_neon.SMMLA_FORMATS)."""
+    level = target().level
+    if level == "neon-i8mm":
+        from engine.quant import arm_neon
+
+        return level if T(qtype) in arm_neon.SMMLA_FORMATS else "neon-dotprod"
+    return level
 
 
 def prefill_path(qtype, tokens: int = 512) -> str:
@@ -104,7 +142,7 @@ def prefill_path(qtype, tokens: int = 512) -> str:
     if T(qtype) == T.F32:
         return "blas"
     if kernels.int8_prefill_wins(qtype, tokens):
-        return f"{target().level}-int8"
+        return f"{tile_level(qtype)}-int8"
     return "dequantize+blas"
 
 

@@ -1,0 +1,196 @@
+"""arm64 int8 kernels (Graviton2 and later): Q4_K, Q5_K, Q6_K times Q8_K activations and Q8_0
+times Q8_0 activations with `sdot` (Armv8.2 dot product), through LLVM's aarch64 intrinsics.
+
+llama.cpp's NEON `ggml_vec_dot_q4_K_q8_K` and friends multiply 16 int8 weights by 16 int8
+activations per `sdot` (four 4-value sums into the four i32 lanes), take one horizontal sum
+(`vaddvq`) per sub-block and scale it in scalar code. Here the sub-block's scale multiplies the
+`sdot` result as a vector (`mla` by element) into one i32 vector per block, converted and scaled
+into a float accumulator vector once per block, one horizontal sum per row: no per-sub-block
+horizontal sums.
+
+Why the unpacking is safe in `sdot`: Q4_K quants are 0..15, Q5_K 0..31, Q6_K 0..63 (its -32
+offset goes through the activations' sums, as on x86), so every quant is a valid *signed* int8
+and a lane's 4 products sum to at most 4·63·127 = 32004; times a 6-bit (K4/K5) or int8 (Q6_K)
+sub-block scale and summed over a block that is below 2^27. Nothing saturates (x86's
+`pmaddubsw` does, which is why int8_dot.py keeps its clamp; `sdot` has none to lose).
+
+The intrinsic is named explicitly (`llvm.aarch64.neon.sdot.v4i32.v16i8`): LLVM 22.1's
+auto-vectorised int8 reductions on SVE targets lower through a partial reduction that is wrong at
+vector lengths above 128 bits (docs/arm64.md, llvm/llvm-project#204939); fixed 128-bit NEON
+intrinsics never take that path, and `sdot` exists on every Graviton (N1, V1, V2).
+
+Layout: a K block is 16 vectors of 16 quants, vector k the block's values 16k..16k+15 (the
+16-value group k: Q6_K's scale granularity; Q4_K/Q5_K have one scale per two groups), against
+the activations at 256i + 16k. The tiles (several tokens) loop runs outer and tokens inner, so
+a run's two weight vectors and its scale stay in registers while the tile's tokens pass them.
+
+Where they run: `paths.Target.level` is `neon-dotprod` (dotprod, e.g. neoverse-n1) or
+`neon-i8mm` (V1/V2); int8_dot's row and tile intrinsics take their block bodies from here on
+those levels (`row_block`, `tile_block`).
+"""
+from __future__ import annotations
+
+from llvmlite import ir
+from numba.core import cgutils
+
+from engine.quant.int8_dot import (F32, I8, I16, I32, I64, _accumulate, _array_ptr, _pair_sums, _prefetch,
+                                   _q4_k_scales_mins, _vec, token_sums, token_values)
+
+# formats with an `smmla` prefill tile on the i8mm level (paths.tile_level); the others run `sdot`
+SMMLA_FORMATS: tuple = ()
+
+V16 = _vec(I8, 16)
+V4 = _vec(I32, 4)
+SDOT = "llvm.aarch64.neon.sdot.v4i32.v16i8"
+# block bytes and where the quants start (after d, dmin, 12 scale bytes and Q5_K's 32 qh bytes)
+K_BLOCK = {"q4_k": 144, "q5_k": 176, "q6_k": 210}
+
+
+def neon_call(builder, name: str, ret, args):
+    """Call the aarch64 intrinsic `name` (an explicit instruction: LLVM cannot rewrite it away)."""
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, [v.type for v in args]), name)
+    return builder.call(fn, args)
+
+
+def sdot(builder, acc, a, b):
+    """acc (<4 x i32>) + the four 4-value dot products of a and b (<16 x i8>): `sdot v.4s`."""
+    return neon_call(builder, SDOT, V4, [acc, a, b])
+
+
+def _c8(v: int):
+    return ir.Constant(V16, [v] * 16)
+
+
+def _lane_splat(b, v, lane: int, n: int = 4):
+    return b.shuffle_vector(v, v, ir.Constant(_vec(I32, n), [lane] * n))
+
+
+def _fold(b, v8):
+    """<8 x i32> -> <4 x i32>: lanes 0-3 plus lanes 4-7."""
+    return b.add(b.shuffle_vector(v8, v8, ir.Constant(_vec(I32, 4), [0, 1, 2, 3])),
+                 b.shuffle_vector(v8, v8, ir.Constant(_vec(I32, 4), [4, 5, 6, 7])))
+
+
+class NeonBlock:
+    """K block i of a row: `quants` 16 <16 x i8> (vector k = values 16k..16k+15), `scale(k)` the
+    <4 x i32> splat of group k's integer scale, `by_sums` <16 x i16> against the activations'
+    16 sums (Q4_K/Q5_K: min j in lanes 2j, 2j+1; Q6_K: -32·scale g in lane g), d and dmin."""
+
+    def __init__(self, quants, scale, by_sums, d, dmin):
+        self.quants, self.scale, self.by_sums, self.d, self.dmin = quants, scale, by_sums, d, dmin
+
+
+def unpack(kind: str, row, i) -> NeonBlock:
+    """Block i of a Q4_K / Q5_K / Q6_K row (the weights `row` of int8_dot's _Row), prefetching
+    ahead as the x86 rows do."""
+    b = row.b
+    i64 = lambda v: ir.Constant(I64, v)  # noqa: E731
+    size = K_BLOCK[kind]
+    p = b.mul(i, i64(size))
+    _prefetch(row, p, size)
+    load16 = lambda off: row.load("row", b.add(p, i64(off)), V16, align=1)  # noqa: E731
+    if kind == "q6_k":
+        sptr = _array_ptr(row.context, b, row.aty["row"], row.arg["row"], b.add(p, i64(192)), V16)
+        s8 = b.load(sptr, align=1)
+        s32 = b.sext(s8, _vec(I32, 16))
+        quants = []
+        for h in range(2):
+            for t in range(4):
+                for hh in range(2):
+                    ql = load16(64 * h + 32 * (t & 1) + 16 * hh)
+                    low = b.and_(ql, _c8(15)) if t < 2 else b.lshr(ql, _c8(4))
+                    qh = load16(128 + 32 * h + 16 * hh)
+                    high = b.shl(b.and_(b.lshr(qh, _c8(2 * t)) if t else qh, _c8(3)), _c8(4))
+                    quants.append(b.or_(low, high))
+        offset = b.mul(b.sext(s8, _vec(I16, 16)), ir.Constant(_vec(I16, 16), [-32] * 16))  # |.| <= 4096
+        return NeonBlock(quants, lambda k: _lane_splat(b, s32, k), offset, row.half(b.add(p, i64(208))), None)
+    words = [row.load("row", b.add(p, i64(k)), I32, align=1) for k in (4, 8, 12)]
+    packed = _q4_k_scales_mins(b, *words)  # 8 scales, 8 mins (6-bit, unsigned)
+    s32 = b.zext(b.shuffle_vector(packed, packed, ir.Constant(_vec(I32, 8), list(range(8)))), _vec(I32, 8))
+    mins = b.zext(b.shuffle_vector(packed, packed, ir.Constant(_vec(I32, 16), [8 + k // 2 for k in range(16)])),
+                  _vec(I16, 16))
+    q0 = 48 if kind == "q5_k" else 16
+    qh = [load16(16 + 16 * hh) for hh in range(2)] if kind == "q5_k" else None
+    quants = [None] * 16
+    for c in range(4):
+        for hh in range(2):
+            v = load16(q0 + 32 * c + 16 * hh)
+            for half, nib in enumerate((b.and_(v, _c8(15)), b.lshr(v, _c8(4)))):
+                j = 2 * c + half  # the sub-block (run of 32): Q5_K's high bit is bit j of qh
+                if qh is not None:
+                    bit = b.and_(qh[hh], _c8(1 << j))
+                    bit = b.shl(bit, _c8(4 - j)) if j < 4 else b.lshr(bit, _c8(j - 4)) if j > 4 else bit
+                    nib = b.or_(nib, bit)
+                quants[2 * j + hh] = nib
+    return NeonBlock(quants, lambda k: _lane_splat(b, s32, k // 2), mins, row.half(p), row.half(b.add(p, i64(2))))
+
+
+def k_block(kind: str, with_mins: bool):
+    """Block body for int8_dot's `_row_codegen` (4-lane float accumulators): per token, 16 `sdot`
+    and 8 (Q4_K/Q5_K: one scale per run of 32) or 16 (Q6_K) vector multiply-adds by the scales.
+    `with_mins`: Q4_K/Q5_K's mins inside (the decode rows); the tiles leave them to the caller
+    (one small float product for all blocks, kernels.py), as every tile does."""
+    per32 = kind != "q6_k"
+
+    def block(row, a, i, accs):
+        b = row.b
+        blk = unpack(kind, row, i)
+        zero = ir.Constant(V4, [0] * 4)
+        isums = [zero] * row.ntok
+        q = blk.quants
+        for j in range(8):
+            sa = blk.scale(2 * j)
+            sb = sa if per32 else blk.scale(2 * j + 1)
+            for t in range(row.ntok):
+                x0 = token_values(row, i, t, 2 * j, 16)
+                x1 = token_values(row, i, t, 2 * j + 1, 16)
+                if per32:
+                    isums[t] = b.add(isums[t], b.mul(sdot(b, sdot(b, zero, q[2 * j], x0), q[2 * j + 1], x1), sa))
+                else:
+                    isums[t] = b.add(isums[t], b.mul(sdot(b, zero, q[2 * j], x0), sa))
+                    isums[t] = b.add(isums[t], b.mul(sdot(b, zero, q[2 * j + 1], x1), sb))
+        for t in range(row.ntok):
+            xd = row.load("xd", b.add(row.offset("do", "dstride", t), i), F32)
+            isum = isums[t]
+            if not per32 or with_mins:
+                by = _fold(b, _pair_sums(b, token_sums(row, a, i, t), blk.by_sums))
+                if not per32:
+                    isum = b.add(isum, by)
+                else:
+                    _accumulate(b, accs[t], by, b.fsub(ir.Constant(F32, 0.0), b.fmul(blk.dmin, xd)))
+            _accumulate(b, accs[t], isum, b.fmul(blk.d, xd))
+    return block
+
+
+def q8_0_block(row, a, i, accs):
+    """Block body of the Q8_0 rows and tile (34 bytes: f16 scale, 32 int8): two `sdot` per token
+    into a <4 x i32>, scaled by d·d_x into the token's accumulator (llama.cpp's
+    `vmlaq_n_f32(sum, vcvtq_f32_s32(p), d·d_x)`). The activations are int8 (kernels.py gives
+    int8 where this runs); int16 ones, the x86 layout, are narrowed here."""
+    b = row.b
+    i64 = lambda v: ir.Constant(I64, v)  # noqa: E731
+    p = b.mul(i, i64(34))
+    _prefetch(row, p, 34)
+    d = row.half(p)
+    w = [row.load("row", b.add(p, i64(2 + 16 * h)), V16, align=1) for h in range(2)]
+    wide = row.aty["xq"].dtype.bitwidth == 16
+    zero = ir.Constant(V4, [0] * 4)
+    for t in range(row.ntok):
+        o = b.add(row.offset("xo", "xstride", t), b.mul(i, i64(32)))
+        if wide:
+            xs = [b.trunc(row.load("xq", b.add(o, i64(16 * h)), _vec(I16, 16), align=2), V16) for h in range(2)]
+        else:
+            xs = [row.load("xq", b.add(o, i64(16 * h)), V16, align=1) for h in range(2)]
+        s = sdot(b, sdot(b, zero, w[0], xs[0]), w[1], xs[1])
+        xd = row.load("xd", b.add(row.offset("do", "dstride", t), i), F32)
+        _accumulate(b, accs[t], s, b.fmul(d, xd))
+
+
+def row_block(kind: str):
+    """The decode row's block body and accumulator width (int8_dot's q*_row_dot)."""
+    return (q8_0_block if kind == "q8_0" else k_block(kind, with_mins=True)), 4
+
+
+def tile_block(kind: str):
+    """The multi-token tile's block body and accumulator width (int8_dot's q*_row_dot_tile)."""
+    return (q8_0_block if kind == "q8_0" else k_block(kind, with_mins=False)), 4
