@@ -57,9 +57,18 @@ def _nearest_level(t: np.ndarray) -> np.ndarray:
 
 def _nearest_grid(t: np.ndarray, grid: np.ndarray) -> np.ndarray:
     """t (g, k) non-negative targets -> index (g,) of the nearest grid row (squared distance)."""
-    gf = grid.astype(_F32)
-    d = (gf * gf).sum(axis=1)[None, :] - _F32(2) * (t @ gf.T)
-    return d.argmin(axis=1)
+    # elementwise IEEE arithmetic in a fixed order, no BLAS: a product whose rounding depends on
+    # the host's kernels could pick a different row on another CPU, and the factory's bytes
+    # (which the recorded fixtures pin by sha256) must not depend on the host
+    gf = grid.astype(_F32).T  # (k, entries)
+    out = np.empty(len(t), np.int64)
+    for i in range(0, len(t), 2048):
+        c = t[i:i + 2048]
+        d = np.square(c[:, 0:1] - gf[0][None, :])
+        for j in range(1, gf.shape[0]):
+            d += np.square(c[:, j:j + 1] - gf[j][None, :])
+        out[i:i + 2048] = d.argmin(axis=1)
+    return out
 
 
 # ----------------------------------------------------------------------------- Q2_K

@@ -72,7 +72,59 @@ WEIGHT_SCHEMES: dict[str, tuple[Q, LlamaFileType]] = {
     "Q4_K_M": (Q.Q4_K, LlamaFileType.MOSTLY_Q4_K_M),
     "Q5_K_M": (Q.Q5_K, LlamaFileType.MOSTLY_Q5_K_M),
     "Q6_K": (Q.Q6_K, LlamaFileType.MOSTLY_Q6_K),
+    # the smaller downloads (engine/quant/lowbit.py); mixes as llama-quantize writes them (LOWBIT_MIXES)
+    "Q2_K": (Q.Q2_K, LlamaFileType.MOSTLY_Q2_K),
+    "Q3_K_S": (Q.Q3_K, LlamaFileType.MOSTLY_Q3_K_S),
+    "Q3_K_M": (Q.Q3_K, LlamaFileType.MOSTLY_Q3_K_M),
+    "Q3_K_L": (Q.Q3_K, LlamaFileType.MOSTLY_Q3_K_L),
+    "IQ4_XS": (Q.IQ4_XS, LlamaFileType.MOSTLY_IQ4_XS),
+    "IQ4_NL": (Q.IQ4_NL, LlamaFileType.MOSTLY_IQ4_NL),
+    "IQ3_S": (Q.IQ3_S, LlamaFileType.MOSTLY_IQ3_S),
+    # every matrix IQ3_XXS but the head (Q6_K): not llama-quantize's IQ3_XXS mix, which needs an
+    # importance matrix (llama.cpp refuses to write IQ3_XXS without one); a test file of the format
+    "IQ3_XXS": (Q.IQ3_XXS, LlamaFileType.MOSTLY_IQ3_XXS),
 }
+
+
+def _lowbit_mix(weights: str, name: str, layer: int, p: Preset) -> Q:
+    """The type llama-quantize (llama_tensor_get_type) gives a Qwen3.5 matrix in the mixes of the
+    smaller downloads, read off llama.cpp's quantizer on factory models (tiny: 4 layers, GQA 2;
+    24 layers, GQA 4) and checked against it in tests/test_lowbit_oracle.py. `layer` counts the
+    attention-value matrices too: a Qwen3.5 layer has one attn_qkv (DeltaNet) or one attn_v,
+    and llama.cpp's i_attention_wv counts both."""
+    base = WEIGHT_SCHEMES[weights][0]
+    n = p.n_layer
+    gqa4 = p.n_head // p.n_head_kv >= 4
+    if name == "output" or (name == "token_embd" and p.tied):
+        return Q.Q6_K
+    value = name in ("attn_qkv", "attn_v")
+    if weights == "Q2_K":
+        if value:
+            return Q.Q4_K if gqa4 else Q.Q3_K
+        if name in ("ffn_down", "attn_output"):
+            return Q.Q3_K
+    elif weights == "Q3_K_M":
+        if value:
+            return Q.Q5_K if layer < 2 else Q.Q4_K
+        if name == "ffn_down":
+            return Q.Q5_K if layer < n // 16 else Q.Q4_K
+        if name == "attn_output":
+            return Q.Q4_K
+    elif weights == "Q3_K_L":
+        if value or name in ("ffn_down", "attn_output"):
+            return Q.Q5_K
+    elif weights in ("IQ4_XS", "IQ4_NL"):
+        if value and gqa4:
+            return Q.Q5_K
+        if name == "ffn_down" and layer < n // 8:  # llama.cpp: without an importance matrix
+            return Q.Q5_K
+    elif weights == "IQ3_S":
+        if value and gqa4:
+            return Q.Q4_K
+    return base
+
+
+LOWBIT_MIXES = ("Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L", "IQ4_XS", "IQ4_NL", "IQ3_S", "IQ3_XXS")
 
 
 def use_more_bits(i: int, n: int) -> bool:
@@ -82,6 +134,8 @@ def use_more_bits(i: int, n: int) -> bool:
 
 def matrix_type(name: str, layer: int, p: Preset, weights: str, attn_index: int, n_attn: int) -> Q:
     base = WEIGHT_SCHEMES[weights][0]
+    if weights in LOWBIT_MIXES:
+        return _lowbit_mix(weights, name, layer, p)
     if weights not in ("Q4_K_M", "Q5_K_M"):
         return base
     if name == "token_embd" or name == "output":

@@ -6,6 +6,21 @@ import numpy as np
 # Factory models the fixtures cover: (preset, weights, seed).
 PARITY_MODELS: list[tuple[str, str, int]] = [("tiny", "F32", 0), ("tiny", "Q8_0", 0), ("tiny", "Q4_K_M", 0)]
 
+# The smaller downloads' formats (engine/quant/lowbit.py), recorded by the same recorder and
+# compared in tests/test_lowbit_fixtures.py under the issue's bounds (lowbit_bounds).
+LOWBIT_PARITY: list[tuple[str, str, int]] = [
+    ("tiny", w, 0) for w in ("Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L", "IQ4_XS", "IQ4_NL", "IQ3_S", "IQ3_XXS")]
+
+
+def lowbit_bounds(weights: str) -> tuple[float, int]:
+    """(min cosine, argmax misses allowed of 20): 0.999 and 1 for 3+ bit mixes, 0.998 for Q2_K.
+    IQ3_XXS (beyond the issue's list) may miss 2: one prompt's top two llama.cpp logits are
+    0.0013 apart and our argmax on it was seen to differ between a script and a pytest run of
+    the same file (18 vs 19/20; its cosine 0.99970 either way)."""
+    if weights == "Q2_K":
+        return 0.998, 1
+    return 0.999, (2 if weights == "IQ3_XXS" else 1)
+
 TOKENIZE_STRINGS: list[str] = [
     "Hello, world!",
     "The quick brown fox jumps over the lazy dog.",

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from engine.testing.factory import make_model
-from engine.testing.parity_cases import (GREEDY_TOKENS, PARITY_MODELS, TOKENIZE_STRINGS, greedy_prompts,
-                                         logit_prompts)
+from engine.testing.parity_cases import (GREEDY_TOKENS, LOWBIT_PARITY, PARITY_MODELS, TOKENIZE_STRINGS,
+                                         greedy_prompts, logit_prompts)
 from tests.oracle import llama_runner
 
 OUT = Path(__file__).resolve().parents[1] / "fixtures" / "oracle"
@@ -37,9 +37,13 @@ def record(preset: str, weights: str, seed: int, workdir: Path) -> Path:
     return out
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    """Records every parity model, or only those whose weights are named on the command line."""
+    only = set(sys.argv[1:] if argv is None else argv)
     with tempfile.TemporaryDirectory() as d:
-        for preset, weights, seed in PARITY_MODELS:
+        for preset, weights, seed in PARITY_MODELS + LOWBIT_PARITY:
+            if only and weights not in only:
+                continue
             print(record(preset, weights, seed, Path(d)), file=sys.stderr)
     return 0
 
