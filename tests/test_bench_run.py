@@ -34,3 +34,18 @@ def test_agent_summary_takes_the_median_round_against_each_goal():
     assert s["c_dir"]["median_ratio"] == 0.16 and s["c_dir"]["met"] and "c_s3" not in s
     assert s["snapshot_bytes"] == {"min": 26_000_000, "max": 33_000_000}
     assert agent_summary([{"error": "moto died"}]) == {"error": "moto died"}
+
+
+def test_large_mode_measures_the_4b_and_9b_files_natively_and_nothing_else():
+    from bench.run import LARGE_RUNS, parse_args, plan
+
+    large = plan(parse_args(["--large"]))
+    assert large.runs == LARGE_RUNS == (("4b", "Q4_K_M"), ("9b", "Q3_K_M"), ("9b", "IQ4_XS"))
+    assert large.modes == ("native",) and large.extra_pp == "" and large.agent_rounds == 0
+    assert plan(parse_args(["--large", "--modes", "native,avx2"])).modes == ("native", "avx2")
+    default = plan(parse_args([]))
+    assert default.runs == (("0.8b", "Q4_K_M"), ("0.8b", "Q8_0")) and default.extra_pp == "2048"
+    assert default.modes == ("native", "avx2", "native-pinned") and default.agent_rounds == 3
+    # every large run is a preset and a scheme the factory knows
+    from engine.testing.factory import PRESETS, WEIGHT_SCHEMES
+    assert all(p in PRESETS and w in WEIGHT_SCHEMES for p, w in large.runs)

@@ -18,8 +18,8 @@ from numba import njit, prange
 from engine.jit import kernel
 from engine.llvm_ops import f32_to_half_to_f32
 
-_Q8K = {Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q2_K, Q.Q3_K}
-_Q8_0 = {Q.Q8_0, Q.Q4_0, Q.Q5_0, Q.Q4_1, Q.Q5_1}
+_Q8K = {Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q2_K, Q.Q3_K, Q.IQ4_XS, Q.IQ3_S, Q.IQ3_XXS}
+_Q8_0 = {Q.Q8_0, Q.Q4_0, Q.Q5_0, Q.Q4_1, Q.Q5_1, Q.IQ4_NL}
 
 
 @njit(inline="always", cache=True)

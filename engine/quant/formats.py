@@ -562,3 +562,7 @@ def quantize(values: np.ndarray, qtype) -> np.ndarray:
     for i in range(0, len(blocks), step):
         out[i:i + step] = fmt.quantize_blocks(blocks[i:i + step])
     return out.reshape(rows, rb)
+
+
+# The smaller downloads' formats (Q2_K, Q3_K, IQ4_NL, IQ4_XS, IQ3_S, IQ3_XXS) register themselves.
+from engine.quant import lowbit as _lowbit  # noqa: E402,F401

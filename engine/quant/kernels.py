@@ -701,6 +701,11 @@ _MATVEC = {
     T.Q8_0: _mv_q8_0p, T.Q4_0: _mv_q4_0, T.Q4_1: _mv_q4_1, T.Q5_0: _mv_q5_0, T.Q5_1: _mv_q5_1,
     T.Q4_K: _mv_q4_k, T.Q5_K: _mv_q5_k, T.Q6_K: _mv_q6_kp,
 }
+# The smaller downloads' formats (Q2_K, Q3_K, IQ4_NL, IQ4_XS, IQ3_S, IQ3_XXS): engine/quant/lowbit_kernels.py
+from .lowbit_kernels import DEQUANT as _LOWBIT_DEQUANT, MATVEC as _LOWBIT_MATVEC  # noqa: E402
+
+_DEQUANT.update(_LOWBIT_DEQUANT)
+_MATVEC.update(_LOWBIT_MATVEC)
 _MATVEC_SERIAL = {qt: serial_twin(k) for qt, k in _MATVEC.items()}
 _PREPARED = {T.Q8_0, T.Q6_K}  # kernels taking (w, prepared, x, out, ...)
 # Inner-loop trip counts passed at run time, not as constants: with a constant count LLVM fully

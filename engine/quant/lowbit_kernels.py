@@ -1,0 +1,316 @@
+"""numba kernels for the formats of engine/quant/lowbit.py: exact decode rows and float decode rows.
+
+* ``_dq_*`` decode a matrix into f32 (prefill: dequantize + BLAS), ``fastmath=False`` so the
+  bytes come out bit-identical to :mod:`engine.quant.lowbit` (and therefore ``gguf.quants``).
+* ``_mv_*`` are the matrix-vector (decode) rows: portable float kernels (``fastmath=True``)
+  against activations rounded as llama.cpp rounds them (Q8_K for Q2_K / Q3_K / IQ4_XS / IQ3_S
+  / IQ3_XXS, Q8_0 for IQ4_NL: ``activations.round_activations``), the same scheme as Q5_K's
+  rows. Sub-block offsets (Q2_K's mins) come out of the inner loop with per-16 sums of x.
+
+No int8 tiles for these formats yet: every path (x86 levels and arm64) runs these rows for
+decode and dequantize + BLAS for prefill, and engine/quant/paths.py says "float" /
+"dequantize+blas" for them. Why: their weights are 2-3.4 bits looked up through scale nibbles,
+grids and sign masks; an int8 tile would first expand each block to int8 (what the decode rows
+do in registers), which is the same unpack the dequantize does once per matrix for a whole
+prompt, and BLAS then runs at its fp32 peak. See docs/formats.md.
+
+The IQ grids and levels are module-level arrays (numba freezes them into the compiled code)
+built from the gguf package by engine/quant/lowbit.py.
+"""
+from __future__ import annotations
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+from numba import njit, prange
+
+from .kernels import _DQ, _MV, _f16_at, _group_sums, _qf, _u32_at
+from .lowbit import IQ4_LEVELS, iq_grid, ksigns
+
+_F32 = np.float32
+_LV = IQ4_LEVELS.astype(np.float32)
+_G3S = np.ascontiguousarray(iq_grid(T.IQ3_S)).copy()
+_G3XXS = np.ascontiguousarray(iq_grid(T.IQ3_XXS)).copy()
+_KS = ksigns().copy()
+
+
+# ----------------------------------------------------------------------------- Q2_K (84 bytes)
+
+@njit(**_DQ)
+def _dq_q2_k(w, out):
+    nb = out.shape[1] // 256
+    for r in prange(w.shape[0]):
+        row = w[r]
+        for b in range(nb):
+            p = b * 84
+            d = _f16_at(row, p + 80)
+            dmin = _f16_at(row, p + 82)
+            for h in range(2):
+                for s in range(4):
+                    for half in range(2):
+                        sc = row[p + 8 * h + 2 * s + half]
+                        dl = d * _qf(sc & 15)
+                        ml = dmin * _qf(sc >> 4)
+                        q0 = p + 16 + 32 * h + 16 * half
+                        o = b * 256 + 128 * h + 32 * s + 16 * half
+                        for l in range(16):
+                            out[r, o + l] = dl * _qf((row[q0 + l] >> (2 * s)) & 3) - ml
+
+
+@njit(**_MV)
+def _mv_q2_k(w, x, out):
+    nb = x.shape[0] // 256
+    xs = _group_sums(x, 16)
+    for r in prange(w.shape[0]):
+        row = w[r]
+        acc = _F32(0.0)
+        for b in range(nb):
+            p = b * 84
+            d = _f16_at(row, p + 80)
+            dmin = _f16_at(row, p + 82)
+            mins = _F32(0.0)
+            for j in range(16):
+                mins += _qf(row[p + j] >> 4) * xs[b * 16 + j]
+            s = _F32(0.0)
+            for h in range(2):
+                for sh in range(4):
+                    for half in range(2):
+                        q0 = p + 16 + 32 * h + 16 * half
+                        o = b * 256 + 128 * h + 32 * sh + 16 * half
+                        t = _F32(0.0)
+                        for l in range(16):
+                            t += _qf((row[q0 + l] >> (2 * sh)) & 3) * x[o + l]
+                        s += _qf(row[p + 8 * h + 2 * sh + half] & 15) * t
+            acc += d * s - dmin * mins
+        out[r] = acc
+
+
+# ----------------------------------------------------------------------------- Q3_K (110 bytes)
+
+@njit(inline="always", cache=True)
+def _q3_k_scale(row, p, j):
+    """Scale j (0..15) of the Q3_K block at p, as a signed integer in [-32, 31]."""
+    lo = (np.int32(row[p + 96 + (j & 7)]) >> (4 * (j >> 3))) & 15
+    hi = (np.int32(row[p + 104 + (j & 3)]) >> (2 * (j >> 2))) & 3
+    return (lo | (hi << 4)) - 32
+
+
+@njit(**_DQ)
+def _dq_q3_k(w, out):
+    nb = out.shape[1] // 256
+    for r in prange(w.shape[0]):
+        row = w[r]
+        for b in range(nb):
+            p = b * 110
+            d = _f16_at(row, p + 108)
+            for h in range(2):
+                for s in range(4):
+                    for half in range(2):
+                        dl = d * _F32(_q3_k_scale(row, p, 8 * h + 2 * s + half))
+                        o = b * 256 + 128 * h + 32 * s + 16 * half
+                        for l in range(16 * half, 16 * half + 16):
+                            ql = (np.int32(row[p + 32 + 32 * h + l]) >> (2 * s)) & 3
+                            hb = (np.int32(row[p + l]) >> (4 * h + s)) & 1
+                            out[r, o + l - 16 * half] = dl * _F32(ql - 4 + 4 * hb)
+
+
+@njit(**_MV)
+def _mv_q3_k(w, x, out):
+    nb = x.shape[0] // 256
+    for r in prange(w.shape[0]):
+        row = w[r]
+        acc = _F32(0.0)
+        for b in range(nb):
+            p = b * 110
+            d = _f16_at(row, p + 108)
+            s = _F32(0.0)
+            for h in range(2):
+                for sh in range(4):
+                    for half in range(2):
+                        o = b * 256 + 128 * h + 32 * sh + 16 * half
+                        t = _F32(0.0)
+                        for l in range(16 * half, 16 * half + 16):
+                            ql = (np.int32(row[p + 32 + 32 * h + l]) >> (2 * sh)) & 3
+                            hb = (np.int32(row[p + l]) >> (4 * h + sh)) & 1
+                            t += _F32(ql - 4 + 4 * hb) * x[o + l - 16 * half]
+                        s += _F32(_q3_k_scale(row, p, 8 * h + 2 * sh + half)) * t
+            acc += d * s
+        out[r] = acc
+
+
+# ----------------------------------------------------------------------------- IQ4_NL (18 bytes / 32)
+
+@njit(**_DQ)
+def _dq_iq4_nl(w, out):
+    nb = out.shape[1] // 32
+    for r in prange(w.shape[0]):
+        row = w[r]
+        for b in range(nb):
+            p = b * 18
+            d = _f16_at(row, p)
+            for l in range(16):
+                q = row[p + 2 + l]
+                out[r, b * 32 + l] = d * _LV[q & 15]
+                out[r, b * 32 + 16 + l] = d * _LV[q >> 4]
+
+
+@njit(**_MV)
+def _mv_iq4_nl(w, x, out):
+    nb = x.shape[0] // 32
+    for r in prange(w.shape[0]):
+        row = w[r]
+        acc = _F32(0.0)
+        for b in range(nb):
+            p = b * 18
+            s = _F32(0.0)
+            for l in range(16):
+                q = row[p + 2 + l]
+                s += _LV[q & 15] * x[b * 32 + l] + _LV[q >> 4] * x[b * 32 + 16 + l]
+            acc += _f16_at(row, p) * s
+        out[r] = acc
+
+
+# ----------------------------------------------------------------------------- IQ4_XS (136 bytes)
+
+@njit(inline="always", cache=True)
+def _iq4_xs_scale(row, p, j):
+    sh = np.int32(row[p + 2]) | (np.int32(row[p + 3]) << 8)
+    lo = (np.int32(row[p + 4 + (j >> 1)]) >> (4 * (j & 1))) & 15
+    return (lo | (((sh >> (2 * j)) & 3) << 4)) - 32
+
+
+@njit(**_DQ)
+def _dq_iq4_xs(w, out):
+    nb = out.shape[1] // 256
+    for r in prange(w.shape[0]):
+        row = w[r]
+        for b in range(nb):
+            p = b * 136
+            d = _f16_at(row, p)
+            for j in range(8):
+                dl = d * _F32(_iq4_xs_scale(row, p, j))
+                o = b * 256 + 32 * j
+                for l in range(16):
+                    q = row[p + 8 + 16 * j + l]
+                    out[r, o + l] = dl * _LV[q & 15]
+                    out[r, o + 16 + l] = dl * _LV[q >> 4]
+
+
+@njit(**_MV)
+def _mv_iq4_xs(w, x, out):
+    nb = x.shape[0] // 256
+    for r in prange(w.shape[0]):
+        row = w[r]
+        acc = _F32(0.0)
+        for b in range(nb):
+            p = b * 136
+            s = _F32(0.0)
+            for j in range(8):
+                o = b * 256 + 32 * j
+                t = _F32(0.0)
+                for l in range(16):
+                    q = row[p + 8 + 16 * j + l]
+                    t += _LV[q & 15] * x[o + l] + _LV[q >> 4] * x[o + 16 + l]
+                s += _F32(_iq4_xs_scale(row, p, j)) * t
+            acc += _f16_at(row, p) * s
+        out[r] = acc
+
+
+# ----------------------------------------------------------------------------- IQ3_S (110 bytes)
+
+@njit(**_DQ)
+def _dq_iq3_s(w, out):
+    nb = out.shape[1] // 256
+    for r in prange(w.shape[0]):
+        row = w[r]
+        for b in range(nb):
+            p = b * 110
+            d = _f16_at(row, p)
+            for k in range(8):
+                db = d * _qf(1 + 2 * ((row[p + 106 + (k >> 1)] >> (4 * (k & 1))) & 15))
+                qh = np.int32(row[p + 66 + k])
+                for gg in range(8):
+                    g = 8 * k + gg
+                    idx = np.int32(row[p + 2 + g]) | (((qh >> gg) & 1) << 8)
+                    sg = np.int32(row[p + 74 + (g >> 1)]) >> (4 * (g & 1))
+                    for i in range(4):
+                        v = db * _qf(_G3S[idx, i])
+                        out[r, b * 256 + 4 * g + i] = -v if (sg >> i) & 1 else v
+
+
+@njit(**_MV)
+def _mv_iq3_s(w, x, out):
+    nb = x.shape[0] // 256
+    for r in prange(w.shape[0]):
+        row = w[r]
+        acc = _F32(0.0)
+        for b in range(nb):
+            p = b * 110
+            s = _F32(0.0)
+            for k in range(8):
+                qh = np.int32(row[p + 66 + k])
+                t = _F32(0.0)
+                for gg in range(8):
+                    g = 8 * k + gg
+                    idx = np.int32(row[p + 2 + g]) | (((qh >> gg) & 1) << 8)
+                    sg = np.int32(row[p + 74 + (g >> 1)]) >> (4 * (g & 1))
+                    o = b * 256 + 4 * g
+                    for i in range(4):
+                        v = _qf(_G3S[idx, i]) * x[o + i]
+                        t += -v if (sg >> i) & 1 else v
+                s += _qf(1 + 2 * ((row[p + 106 + (k >> 1)] >> (4 * (k & 1))) & 15)) * t
+            acc += _f16_at(row, p) * s
+        out[r] = acc
+
+
+# ----------------------------------------------------------------------------- IQ3_XXS (98 bytes)
+
+@njit(**_DQ)
+def _dq_iq3_xxs(w, out):
+    nb = out.shape[1] // 256
+    for r in prange(w.shape[0]):
+        row = w[r]
+        for b in range(nb):
+            p = b * 98
+            d = _f16_at(row, p)
+            for k in range(8):
+                aux = _u32_at(row, p + 66 + 4 * k)
+                db = d * (_F32(0.5) + _qf(aux >> 28)) * _F32(0.5)
+                for l in range(4):
+                    sg = np.int32(_KS[(aux >> (7 * l)) & 127])
+                    for gg in range(2):
+                        idx = row[p + 2 + 8 * k + 2 * l + gg]
+                        o = b * 256 + 32 * k + 8 * l + 4 * gg
+                        for i in range(4):
+                            v = db * _qf(_G3XXS[idx, i])
+                            out[r, o + i] = -v if (sg >> (4 * gg + i)) & 1 else v
+
+
+@njit(**_MV)
+def _mv_iq3_xxs(w, x, out):
+    nb = x.shape[0] // 256
+    for r in prange(w.shape[0]):
+        row = w[r]
+        acc = _F32(0.0)
+        for b in range(nb):
+            p = b * 98
+            s = _F32(0.0)
+            for k in range(8):
+                aux = _u32_at(row, p + 66 + 4 * k)
+                t = _F32(0.0)
+                for l in range(4):
+                    sg = np.int32(_KS[(aux >> (7 * l)) & 127])
+                    for gg in range(2):
+                        idx = row[p + 2 + 8 * k + 2 * l + gg]
+                        o = b * 256 + 32 * k + 8 * l + 4 * gg
+                        for i in range(4):
+                            v = _qf(_G3XXS[idx, i]) * x[o + i]
+                            t += -v if (sg >> (4 * gg + i)) & 1 else v
+                s += (_F32(0.5) + _qf(aux >> 28)) * t
+            acc += _f16_at(row, p) * _F32(0.5) * s
+        out[r] = acc
+
+
+DEQUANT = {T.Q2_K: _dq_q2_k, T.Q3_K: _dq_q3_k, T.IQ4_NL: _dq_iq4_nl, T.IQ4_XS: _dq_iq4_xs,
+           T.IQ3_S: _dq_iq3_s, T.IQ3_XXS: _dq_iq3_xxs}
+MATVEC = {T.Q2_K: _mv_q2_k, T.Q3_K: _mv_q3_k, T.IQ4_NL: _mv_iq4_nl, T.IQ4_XS: _mv_iq4_xs,
+          T.IQ3_S: _mv_iq3_s, T.IQ3_XXS: _mv_iq3_xxs}
