@@ -45,6 +45,21 @@ def _env_float(environ, name, default):
         return float(default)
 
 
+def public_load_reason(exc: BaseException) -> str:
+    """Why the model is unavailable, in words an API caller may read: the detail (file paths, S3
+    URIs, stack) stays in the ``model_load_error`` log line."""
+    public = getattr(exc, "public", None)
+    if isinstance(public, str):
+        return public + " (details in the function's log: model_load_error)"
+    try:
+        from engine.errors import ModelLoadError
+        if isinstance(exc, ModelLoadError):
+            return "the model file is not a usable Qwen3.5 GGUF (details in the function's log: model_load_error)"
+    except Exception:
+        pass
+    return f"the model failed to load ({type(exc).__name__}; details in the function's log: model_load_error)"
+
+
 def route_of(method: str, path: str) -> tuple[str, str | None]:
     """(route name, model id for /v1/models/{id}) or raise 404/405."""
     if path.startswith("/v1/models/") and len(path) > len("/v1/models/"):
@@ -66,7 +81,8 @@ class Runtime:
         self.env = dict(os.environ if environ is None else environ)
         self.s3_client = s3_client
         self.engine = None
-        self.error: str | None = None
+        self.error: str | None = None          # the detail, for the log only (paths, URIs)
+        self.error_public: str | None = None   # what a 503 body says (no internal paths)
         self.error_permanent = False
         self.failed_at = 0.0
         self.resolved = None
@@ -110,6 +126,7 @@ class Runtime:
             except Exception:
                 permanent = False
             self.error, self.error_permanent, self.failed_at = why, permanent, time.monotonic()
+            self.error_public = public_load_reason(exc)
             fields.update(error=why, permanent=permanent)
             emit({"event": "model_load_error", "error": why, "permanent": permanent,
                   "traceback": traceback.format_exc(limit=8)})
@@ -155,7 +172,7 @@ class Runtime:
                                         f"{time.monotonic() - self._load_started:.1f} s; retry shortly")
         self._report_init("first_invoke")
         if self.engine is None:
-            raise model_unavailable(self.error or "unknown load failure")
+            raise model_unavailable(self.error_public or "unknown load failure")
         return self.engine
 
     # ------------------------------------------------------------------ requests
@@ -227,8 +244,9 @@ class Runtime:
             try:
                 eng = self.wait_for_engine(dl.at)
             except APIError as err:
-                return 503, {"status": "unavailable", "reason": self.error or err.message,
-                             "model_source": self.env.get("MODEL_PATH") or self.env.get("MODEL_S3_URI"),
+                return 503, {"status": "unavailable", "reason": self.error_public or err.message,
+                             "model_source": "path" if self.env.get("MODEL_PATH") else (
+                                 "s3" if self.env.get("MODEL_S3_URI") else None),
                              "error": err.body()["error"]}
         log.set(model=eng.model_id)
         f = self._init_fields
