@@ -27,6 +27,7 @@ from .errors import APIError, bad_request, context_overflow, internal, method_no
     not_found, unauthorized
 from .request_log import RequestLog, emit, init_line
 from .tool_calls import parse_output
+from .watchdog import Watchdog
 
 ROUTES = {
     "/v1/chat/completions": ("POST", "chat"),
@@ -180,10 +181,25 @@ class Runtime:
     def handle(self, event, context=None):
         t_mono = time.monotonic()
         rid = getattr(context, "aws_request_id", None) or f"local-{uuid.uuid4().hex[:12]}"
+        watchdogs: list[Watchdog | None] = []     # filled once the request's log exists
+        try:
+            return self._handle(event, context, t_mono, rid, watchdogs)
+        finally:
+            for w in watchdogs:
+                if w is not None:
+                    w.cancel()
+
+    def _handle(self, event, context, t_mono: float, rid: str, watchdogs: list):
+        # a line before Lambda's timeout kills us mid-request (function/watchdog.py); its thread
+        # starts before the request's clock so its cost is in no stage and not in total_ms
+        watchdog = Watchdog.start(context, None, self.env)
+        watchdogs.append(watchdog)
         with self._state_lock:
             cold = self.requests_served == 0
             self.requests_served += 1
         log = RequestLog(rid, cold=cold)
+        if watchdog is not None:
+            watchdog.log = log
         kind = events.kind_of(event)
         log.set(kind=kind)
         headers = {"x-request-id": rid}
