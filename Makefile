@@ -79,8 +79,8 @@ clean:
 # ---------------------------------------------------------------- deploying (README "Deploy")
 STACK     ?= warmllm
 MODEL_S3_URI ?=
-# first deploy: --guided asks for the stack's parameters and saves them in samconfig.toml
-DEPLOY_ARGS ?= --guided
+# non-interactive; DEPLOY_ARGS=--guided asks for every parameter and saves them in samconfig.toml
+DEPLOY_ARGS ?= --no-fail-on-empty-changeset
 export SAM_CLI_TELEMETRY ?= 0
 
 $(SAM_STAMP):

@@ -19,6 +19,9 @@ from urllib.parse import urlparse
 from .request_log import emit
 
 PROGRESS_EVERY_S = 2.0
+# ranged GETs of this size, written straight to the .part file (a 10 GB model never sits in memory)
+CHUNK_BYTES = 64 * 1024 * 1024
+CONCURRENCY = 8
 
 
 class ModelSourceError(RuntimeError):
@@ -99,8 +102,8 @@ def download(uri: str, model_dir: str, s3_client=None) -> ResolvedModel:
     free = shutil.disk_usage(model_dir).free
     if free < size:
         raise ModelSourceError(f"{uri} is {size} bytes but {model_dir} has {free} bytes free; "
-                               "raise the function's EphemeralStorage",
-                               "the model does not fit in /tmp: raise the EphemeralStorage parameter")
+                               "raise the stack's EphemeralStorageMB parameter (file size + 10 %)",
+                               "the model does not fit in /tmp: raise the EphemeralStorageMB parameter")
     part = dest + ".part"
     state = {"done": 0, "last": 0.0, "t0": time.perf_counter()}
     emit({"event": "model_download", "uri": uri, "path": dest, "bytes": size, "progress": 0.0})
@@ -116,8 +119,8 @@ def download(uri: str, model_dir: str, s3_client=None) -> ResolvedModel:
                   "mb_per_s": round(state["done"] / 1e6 / el, 1) if el > 0 else None})
 
     from boto3.s3.transfer import TransferConfig
-    cfg = TransferConfig(multipart_threshold=64 * 1024 * 1024, multipart_chunksize=64 * 1024 * 1024,
-                         max_concurrency=8)
+    cfg = TransferConfig(multipart_threshold=CHUNK_BYTES, multipart_chunksize=CHUNK_BYTES,
+                         max_concurrency=CONCURRENCY)
     try:
         s3_client.download_file(bucket, key, part, Callback=progress, Config=cfg)
     except Exception as exc:

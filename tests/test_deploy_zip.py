@@ -125,3 +125,35 @@ print("ZIP_OK", json.loads(r["body"])["usage"]["completion_tokens"])
     run = subprocess.run([sys.executable, "-S", "-c", script], capture_output=True, text=True, env=env,
                          timeout=900, cwd=tmp_path)
     assert "ZIP_OK" in run.stdout, (run.stdout[-2000:], run.stderr[-4000:])
+
+
+def make_n(*args: str) -> str:
+    r = subprocess.run(["make", "-n", "-o", ".venv/.installed", "-o", ".venv-sam/.installed", *args], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.replace("\\\n", " ")              # one line per command
+
+
+def test_deploy_targets_run_and_print_the_sam_commands():
+    out = make_n("deploy-zip", "MODEL_S3_URI=s3://my-models/Qwen3.5-0.8B-Q4_K_M.gguf")
+    build, deploy = [x for x in out.splitlines() if "/sam " in x or x.startswith("sam ")][:2]
+    assert build.endswith("sam build -t template-zip.yaml --build-in-source")
+    assert "sam deploy -t .aws-sam/build/template.yaml --stack-name warmllm --capabilities CAPABILITY_IAM" in deploy
+    assert "--parameter-overrides ModelS3Uri=s3://my-models/Qwen3.5-0.8B-Q4_K_M.gguf" in deploy
+    assert "--guided" not in deploy                          # non-interactive unless asked
+    out = make_n("deploy-image", "MODEL_S3_URI=s3://b/m.gguf")
+    assert "sam build -t template.yaml" in out and "--resolve-image-repos" in out and "ModelS3Uri=s3://b/m.gguf" in out
+
+
+def test_readme_first_screen_deploys_a_real_model():
+    text = (ROOT / "README.md").read_text()
+    start = text.split("## Start here", 1)[1]
+    first_block = start.split("```sh\n", 1)[1].split("```", 1)[0]
+    steps = [x.split("#")[0].strip() for x in first_block.splitlines() if x.strip()]
+    assert steps[0].startswith("git clone")
+    assert any(s.startswith("aws s3 cp ") and ".gguf" in s for s in steps)
+    deploy = [s for s in steps if s.startswith("make ")]
+    assert deploy and deploy[-1].startswith("make deploy-zip MODEL_S3_URI=s3://")
+    # the model the deploy names is the one uploaded, and the make target exists
+    assert deploy[-1].rsplit("/", 1)[1] == [s for s in steps if s.startswith("aws s3 cp ")][0].split()[3].rsplit("/", 1)[1]
+    assert "\ndeploy-zip:" in (ROOT / "Makefile").read_text()
