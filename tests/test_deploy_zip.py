@@ -94,7 +94,7 @@ def test_sam_build_zip_offline_and_the_handler_runs_from_the_artifacts(tmp_path,
     alone: /var/task = the function artifact, /opt/python = the layer, no site-packages."""
     out = tmp_path / "sam-build"
     r = sam("build", "-t", "template-zip.yaml", "--build-in-source", "--build-dir", str(out),
-            env={"LAYER_ARCH": "host", "LAYER_OUT": str(tmp_path / "layer"), "PY": sys.executable})
+            env={"LAYER_ARCH": "host", "LAYER_OUT": str(tmp_path / "layer")})
     if r.returncode != 0 and any(m in r.stdout + r.stderr for m in ("Temporary failure in name resolution",
                                                                      "NewConnectionError")):
         pytest.skip("pip cannot reach the package registry for the layer")
