@@ -18,7 +18,7 @@ from .progress import heartbeat
 
 RANDOM_WEIGHTS_NOTICE = ("NOTE: {path} is a test model with random weights (built by our model factory): "
                          "its answer is random text by design. For real answers use a Qwen3.5 GGUF: "
-                         "make run MODEL=path/to/Qwen3.5-0.8B-Q4_K_M.gguf (README, 'A real model').")
+                         "make run MODEL=path/to/Qwen3.5-0.8B-Q4_K_M.gguf (README: 'Start here', 'Which model, which memory').")
 
 
 class LocalContext:

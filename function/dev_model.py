@@ -31,8 +31,9 @@ def ensure(model: str, default: str, preset: str, weights: str) -> int:
     if os.path.isfile(model):
         return 0
     if os.path.normpath(model) != os.path.normpath(default):
-        print(f"error: MODEL={model} does not exist. Give the path of a GGUF file (README, 'A real model'), "
-              f"or leave MODEL unset to build the default random-weights test model ({default}).",
+        print(f"error: MODEL={model} does not exist. Give the path of a GGUF file (README: 'Start here', "
+              f"'Which model, which memory'), or leave MODEL unset to build the default random-weights "
+              f"test model ({default}).",
               file=sys.stderr)
         return 2
     from engine.testing.factory import make_model
