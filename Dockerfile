@@ -6,8 +6,12 @@
 #   docker buildx build --platform linux/arm64 -t warmllm:arm64 .
 #   docker buildx build --platform linux/amd64 -t warmllm:x86_64 .
 #
-# Bake a model in: put the GGUF into models/ before building and deploy with
-# ModelPath=/opt/model/<file>.gguf. Otherwise give ModelS3Uri (downloaded to /tmp) or an EFS path.
+# Prerequisites: Docker with buildx, and QEMU binfmt to build arm64 on an x86 host
+# (docker run --privileged --rm tonistiigi/binfmt --install arm64).
+# No model is baked in unless asked: `make image-model MODEL=path/to/model.gguf` stages the file in
+# model-bake/ (the only model path .dockerignore lets through) and the image carries it at
+# /opt/model/<file>.gguf (deploy with ModelPath=/opt/model/<file>.gguf). Otherwise give ModelS3Uri
+# (downloaded to /tmp) or an EFS path.
 FROM python:3.12-slim-bookworm
 
 ARG TARGETARCH
@@ -33,8 +37,9 @@ RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml
 
 COPY engine ./engine
 COPY function ./function
-# models* matches nothing in a fresh clone; pyproject.toml keeps the COPY valid either way.
-COPY pyproject.toml models* /opt/model/
+# model-bake* matches nothing unless `make image-model` staged a model; pyproject.toml keeps the
+# COPY valid either way (and is removed below).
+COPY pyproject.toml model-bake* /opt/model/
 
 # Kernel cache: compile for a fixed CPU target (neoverse-n1 on arm64 — every Lambda Graviton runs
 # it and it keeps NEON + sdot; x86-64-v3 on x86_64) with the CPU's own feature set (empty

@@ -5,10 +5,17 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PRESET ?= tiny
 WEIGHTS ?= Q4_K_M
-MODEL  ?= models/$(PRESET)-$(WEIGHTS).gguf
+# Only this default path is ever built (random weights); a MODEL= that does not exist is an error.
+DEFAULT_MODEL := models/$(PRESET)-$(WEIGHTS).gguf
+MODEL  ?= $(DEFAULT_MODEL)
 export NUMBA_CACHE_DIR ?= $(CURDIR)/.numba_cache
+# SAM CLI lives in its own venv: it pins click/boto3 versions the engine's dependencies do not accept.
+SAM_VENV  := .venv-sam
+SAM       := $(SAM_VENV)/bin/sam
+SAM_STAMP := $(SAM_VENV)/.installed
 
-.PHONY: lint test-arm64 test-arm64-ci install run generate test test-oracle oracle-fixtures bench serve layer model clean
+.PHONY: lint test-arm64 test-arm64-ci install run generate test test-oracle oracle-fixtures bench serve layer model clean \
+        deploy-zip deploy-image image-model sam build-WarmLlmFunction build-DepsLayer
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,23 +25,21 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-$(MODEL): | $(STAMP)
-	$(PY) -m engine make-model --preset $(PRESET) --weights $(WEIGHTS) --seed 0 --out $(MODEL)
-
-model: $(MODEL)
+model: $(STAMP)
+	@$(PY) -m function.dev_model $(MODEL) $(DEFAULT_MODEL) $(PRESET) $(WEIGHTS)
 
 # Invokes the Lambda handler locally on a sample event: prints the response and the log line.
 EVENT ?= events/chat_http_api.json
-run: $(STAMP) $(MODEL)
+run: $(STAMP) model
 	MODEL_PATH=$(MODEL) $(PY) -m function $(EVENT)
 
 # The engine alone, without the function.
-generate: $(STAMP) $(MODEL)
+generate: $(STAMP) model
 	$(PY) -m engine generate --model $(MODEL) --prompt "The warm Lambda says" --max-tokens 16 --json
 
 # A local OpenAI-compatible server on 127.0.0.1 that turns requests into HTTP API v2 events.
 PORT ?= 8080
-serve: $(STAMP) $(MODEL)
+serve: $(STAMP) model
 	MODEL_PATH=$(MODEL) $(PY) -m function.serve --host 127.0.0.1 --port $(PORT)
 
 # Slimmed dependency layer for the zip deployment; prints its size, fails above 250 MB.
@@ -47,7 +52,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check engine function bench tests scripts layers
 	$(VENV)/bin/mypy
 
-test: $(STAMP)
+test: $(STAMP) $(SAM_STAMP)
 	$(PY) -m pytest -q
 
 # llama.cpp compiles from source (~15 min on 2 cores); never part of `make test`.
@@ -76,3 +81,50 @@ test-arm64-ci: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .numba_cache models/*.gguf
+
+# ---------------------------------------------------------------- deploying (README "Deploy")
+STACK     ?= warmllm
+MODEL_S3_URI ?=
+# non-interactive; DEPLOY_ARGS=--guided asks for every parameter and saves them in samconfig.toml
+DEPLOY_ARGS ?= --no-fail-on-empty-changeset
+export SAM_CLI_TELEMETRY ?= 0
+
+$(SAM_STAMP):
+	$(PYTHON) -m venv $(SAM_VENV)
+	$(SAM_VENV)/bin/pip install -q 'aws-sam-cli>=1.170,<2'
+	touch $(SAM_STAMP)
+
+sam: $(SAM_STAMP)
+
+# Zip + layer, no Docker: sam runs the two build-* targets below (BuildMethod: makefile).
+deploy-zip: $(STAMP) $(SAM_STAMP)
+	$(SAM) build -t template-zip.yaml --build-in-source
+	$(SAM) deploy -t .aws-sam/build/template.yaml --stack-name $(STACK) --capabilities CAPABILITY_IAM \
+	  --resolve-s3 $(if $(MODEL_S3_URI),--parameter-overrides ModelS3Uri=$(MODEL_S3_URI)) $(DEPLOY_ARGS)
+
+# Container image: needs Docker with buildx (+ QEMU binfmt for arm64 on an x86 host).
+deploy-image: $(SAM_STAMP)
+	$(SAM) build -t template.yaml
+	$(SAM) deploy -t .aws-sam/build/template.yaml --stack-name $(STACK) --capabilities CAPABILITY_IAM \
+	  --resolve-s3 --resolve-image-repos \
+	  $(if $(MODEL_S3_URI),--parameter-overrides ModelS3Uri=$(MODEL_S3_URI),$(if $(wildcard model-bake/*.gguf),--parameter-overrides ModelPath=/opt/model/$(notdir $(firstword $(wildcard model-bake/*.gguf))))) \
+	  $(DEPLOY_ARGS)
+
+# Bake one GGUF into the image (only when asked): stages it where .dockerignore lets it through.
+image-model:
+	@test "$(origin MODEL)" = "command line" || { echo "error: give the file: make image-model MODEL=path/to/model.gguf" >&2; exit 2; }
+	@test -f "$(MODEL)" || { echo "error: MODEL=$(MODEL) does not exist" >&2; exit 2; }
+	rm -rf model-bake && mkdir model-bake && cp "$(MODEL)" model-bake/
+	@echo "staged model-bake/$(notdir $(MODEL)): make deploy-image deploys it with ModelPath=/opt/model/$(notdir $(MODEL))"
+
+# Called by `sam build -t template-zip.yaml` (ARTIFACTS_DIR is sam's output directory for each).
+build-WarmLlmFunction:
+	mkdir -p "$(ARTIFACTS_DIR)"
+	tar -c --exclude=__pycache__ --exclude='*.pyc' engine function | tar -x -C "$(ARTIFACTS_DIR)"
+
+# LAYER_ARCH=host builds this machine's equivalent (the test that runs the handler from the artifact).
+LAYER_ARCH ?= arm64
+LAYER_OUT  ?= layers/build
+build-DepsLayer: $(STAMP)
+	$(PY) layers/build.py --arch $(LAYER_ARCH) --no-zip --out $(LAYER_OUT)
+	rm -rf "$(ARTIFACTS_DIR)/python" && mkdir -p "$(ARTIFACTS_DIR)" && cp -r $(LAYER_OUT)/$(LAYER_ARCH)/python "$(ARTIFACTS_DIR)/python"

@@ -20,10 +20,17 @@ from .request_log import emit
 from .settings import FunctionSettings
 
 PROGRESS_EVERY_S = 2.0
+# ranged GETs of this size, written straight to the .part file (a 10 GB model never sits in memory)
+CHUNK_BYTES = 64 * 1024 * 1024
+CONCURRENCY = 8
 
 
 class ModelSourceError(RuntimeError):
-    pass
+    """``str()`` is the detail for the log (paths, URIs); ``public`` is what an API caller may read."""
+
+    def __init__(self, detail: str, public: str = "the model source is misconfigured") -> None:
+        super().__init__(detail)
+        self.public = public
 
 
 @dataclass
@@ -39,7 +46,8 @@ class ResolvedModel:
 def parse_s3_uri(uri: str) -> tuple[str, str]:
     u = urlparse(uri)
     if u.scheme != "s3" or not u.netloc or not u.path.strip("/"):
-        raise ModelSourceError(f"MODEL_S3_URI must look like s3://bucket/path/model.gguf, got {uri!r}")
+        raise ModelSourceError(f"MODEL_S3_URI must look like s3://bucket/path/model.gguf, got {uri!r}",
+                               "MODEL_S3_URI is not an s3://bucket/key URI")
     return u.netloc, u.path.lstrip("/")
 
 
@@ -47,12 +55,14 @@ def resolve(settings: FunctionSettings, s3_client=None) -> ResolvedModel:
     path = settings.model_path
     if path:
         if not os.path.isfile(path):
-            raise ModelSourceError(f"MODEL_PATH={path} does not exist or is not a file")
+            raise ModelSourceError(f"MODEL_PATH={path} does not exist or is not a file",
+                                   "the configured model file (MODEL_PATH) does not exist")
         return ResolvedModel(path=path, source="path", uri=path, bytes=os.path.getsize(path))
     uri = settings.model_s3_uri
     if uri:
         return download(uri, settings.model_dir, s3_client=s3_client)
-    raise ModelSourceError("no model configured: set MODEL_PATH (a GGUF file) or MODEL_S3_URI (s3://bucket/key.gguf)")
+    raise ModelSourceError("no model configured: set MODEL_PATH (a GGUF file) or MODEL_S3_URI (s3://bucket/key.gguf)",
+                           "no model is configured: deploy with ModelS3Uri or ModelPath")
 
 
 def _marker(dest: str) -> str:
@@ -79,7 +89,8 @@ def download(uri: str, model_dir: str, s3_client=None) -> ResolvedModel:
     try:
         head = s3_client.head_object(Bucket=bucket, Key=key)
     except Exception as exc:
-        raise ModelSourceError(f"cannot read {uri}: {exc}") from exc
+        raise ModelSourceError(f"cannot read {uri}: {exc}",
+                               "the model object in S3 cannot be read (missing, or no permission)") from exc
     size = int(head["ContentLength"])
     etag = str(head.get("ETag", "")).strip('"')
     os.makedirs(model_dir, exist_ok=True)
@@ -92,7 +103,8 @@ def download(uri: str, model_dir: str, s3_client=None) -> ResolvedModel:
     free = shutil.disk_usage(model_dir).free
     if free < size:
         raise ModelSourceError(f"{uri} is {size} bytes but {model_dir} has {free} bytes free; "
-                               "raise the function's EphemeralStorage")
+                               "raise the stack's EphemeralStorageMB parameter (file size + 10 %)",
+                               "the model does not fit in /tmp: raise the EphemeralStorageMB parameter")
     part = dest + ".part"
     state = {"done": 0, "last": 0.0, "t0": time.perf_counter()}
     emit({"event": "model_download", "uri": uri, "path": dest, "bytes": size, "progress": 0.0})
@@ -108,8 +120,8 @@ def download(uri: str, model_dir: str, s3_client=None) -> ResolvedModel:
                   "mb_per_s": round(state["done"] / 1e6 / el, 1) if el > 0 else None})
 
     from boto3.s3.transfer import TransferConfig
-    cfg = TransferConfig(multipart_threshold=64 * 1024 * 1024, multipart_chunksize=64 * 1024 * 1024,
-                         max_concurrency=8)
+    cfg = TransferConfig(multipart_threshold=CHUNK_BYTES, multipart_chunksize=CHUNK_BYTES,
+                         max_concurrency=CONCURRENCY)
     try:
         s3_client.download_file(bucket, key, part, Callback=progress, Config=cfg)
     except Exception as exc:
@@ -117,11 +129,12 @@ def download(uri: str, model_dir: str, s3_client=None) -> ResolvedModel:
             os.remove(part)
         except OSError:
             pass
-        raise ModelSourceError(f"download of {uri} failed: {exc}") from exc
+        raise ModelSourceError(f"download of {uri} failed: {exc}", "the model download from S3 failed") from exc
     got = os.path.getsize(part)
     if got != size:
         os.remove(part)
-        raise ModelSourceError(f"download of {uri} is {got} bytes, expected {size}")
+        raise ModelSourceError(f"download of {uri} is {got} bytes, expected {size}",
+                               "the model download from S3 was incomplete")
     os.replace(part, dest)
     with open(_marker(dest) + ".tmp", "w") as f:
         json.dump({"uri": uri, "size": size, "etag": etag}, f)

@@ -23,25 +23,33 @@ total − Σ stages is printed so a gap is visible; it is within ``TOLERANCE_MS`
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from contextlib import contextmanager
+
+from .emf import Family, emf_block
 
 STAGES = ("load_ms", "parse_ms", "template_ms", "tokenize_ms", "restore_ms", "prefill_ms", "decode_ms",
           "respond_ms")
 TOLERANCE_MS = 10.0
 TOLERANCE_FRAC = 0.03
 
-# metric name (= log field) → CloudWatch unit
-REQUEST_METRICS = {
+# The metric families (metric name = log field → CloudWatch unit), each with one dimension set and
+# the [service] roll-up (function/emf.py). Counts are per route; timings and token rates per route
+# and prefill path ("none" when no generation ran, so the set never changes).
+REQUEST_COUNTS = Family("request_counts", {
+    "requests": "Count", "errors_4xx": "Count", "errors_5xx": "Count", "cold_start": "Count",
+    "deadline_hit_n": "Count"}, ("service", "route"))
+REQUEST_TIMINGS = Family("request_timings", {
     "total_ms": "Milliseconds", "load_ms": "Milliseconds", "restore_ms": "Milliseconds",
     "prefill_ms": "Milliseconds", "decode_ms": "Milliseconds", "prompt_tokens": "Count",
     "prefilled_tokens": "Count", "reused_tokens": "Count", "tokens_out": "Count",
     "decode_tokens_per_s": "Count/Second", "prefill_tokens_per_s": "Count/Second",
-}
-INIT_METRICS = {"init_ms": "Milliseconds", "download_ms": "Milliseconds", "load_ms": "Milliseconds",
-                "compile_ms": "Milliseconds"}
+}, ("service", "route", "prefill_mode"))
+INIT = Family("init", {"init_ms": "Milliseconds", "download_ms": "Milliseconds", "load_ms": "Milliseconds",
+                       "compile_ms": "Milliseconds", "cold_starts": "Count", "init_failures": "Count"},
+              ("service", "phase"))
+NO_PREFILL = "none"        # prefill_mode of a request that generated nothing (health, models, errors)
 
 
 def emit(obj: dict) -> None:
@@ -54,32 +62,6 @@ def _round(v):
     return round(v, 2) if isinstance(v, float) else v
 
 
-def emf_block(values: dict, units: dict[str, str], dimensions: dict[str, str]) -> dict:
-    """The ``_aws`` EMF metadata plus dimension values for ``values`` (names → numbers).
-
-    Empty when POWERTOOLS_METRICS_DISABLED is true. Built with Powertools' provider so the
-    namespace, units and schema are validated the way Powertools validates them.
-    """
-    if os.environ.get("POWERTOOLS_METRICS_DISABLED", "").lower() in ("1", "true"):
-        return {}
-    from aws_lambda_powertools.metrics.provider.cloudwatch_emf.cloudwatch import AmazonCloudWatchEMFProvider
-
-    provider = AmazonCloudWatchEMFProvider(
-        namespace=os.environ.get("POWERTOOLS_METRICS_NAMESPACE", "warmllm"),
-        service=os.environ.get("POWERTOOLS_SERVICE_NAME", "warmllm"))
-    for name, unit in units.items():
-        v = values.get(name)
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            provider.add_metric(name=name, unit=unit, value=v)
-    for name, value in dimensions.items():
-        provider.add_dimension(name=name, value=str(value))
-    if not provider.metric_set:
-        return {}
-    out = provider.serialize_metric_set()
-    # Powertools writes each value as a one-element list; the line keeps the scalar fields.
-    return {k: v for k, v in out.items() if k not in units}
-
-
 class RequestLog:
     """Collects one request's fields and stage timings; ``finish`` prints the line once."""
 
@@ -87,12 +69,13 @@ class RequestLog:
         self._clock = clock
         self._t0 = clock()
         self._done = False
+        self.current_stage: str | None = None       # for the timeout watchdog's line
         self.fields: dict = {
             "event": "request", "request_id": request_id, "kind": None, "route": None, "method": None,
-            "path": None, "model": None, "cold": cold, "stream": False, "prefill_mode": None,
+            "path": None, "model": None, "cold": cold, "stream": False, "prefill_mode": NO_PREFILL,
             "prompt_tokens": 0, "reused_tokens": 0, "prefilled_tokens": 0,
             **{s: 0.0 for s in STAGES},
-            "tokens_out": 0, "max_tokens": None, "finish_reason": None, "deadline_hit": False,
+            "tokens_out": 0, "max_tokens": None, "finish_reason": None, "deadline_hit": False, "deadline_hit_n": 0,
             "snapshot_tier": None, "snapshot_bytes": 0, "status": None, "error_code": None,
         }
 
@@ -103,10 +86,12 @@ class RequestLog:
     def stage(self, name: str):
         assert name in STAGES, name
         t = self._clock()
+        self.current_stage = name
         try:
             yield
         finally:
             self.fields[name] += (self._clock() - t) * 1000.0
+            self.current_stage = None
 
     def add_ms(self, name: str, ms: float) -> None:
         assert name in STAGES, name
@@ -115,7 +100,7 @@ class RequestLog:
     def add_generation(self, result) -> None:
         """Copy the engine's figures from a GenerationResult."""
         f = self.fields
-        f["prefill_mode"] = result.prefill_mode
+        f["prefill_mode"] = result.prefill_mode or NO_PREFILL
         f["prompt_tokens"] = int(result.prompt_tokens)
         f["reused_tokens"] = int(result.reused_tokens)
         f["prefilled_tokens"] = int(result.prefilled_tokens)
@@ -140,25 +125,21 @@ class RequestLog:
                                      if f["prefill_ms"] > 0 and f["prefilled_tokens"] else None)
         for k, v in list(f.items()):
             f[k] = _round(v)
-        dims = {"route": f["route"] or "none"}
-        if f["prefill_mode"]:
-            dims["prefill_mode"] = f["prefill_mode"]
-        units = {k: u for k, u in REQUEST_METRICS.items() if f.get(k) is not None}
-        if not f["prefill_mode"]:
-            units = {"total_ms": "Milliseconds"}
-        units = {**units, "requests": "Count", "errors_4xx": "Count", "errors_5xx": "Count",
-                 "cold_start": "Count"}
-        values = {**f, "requests": 1, "errors_4xx": int(400 <= status < 500),
-                  "errors_5xx": int(status >= 500), "cold_start": int(bool(f["cold"]))}
+        # numeric twins: Logs Insights' sum() and CloudWatch metrics cannot add JSON booleans
+        f["deadline_hit_n"] = int(bool(f["deadline_hit"]))
+        f.update(requests=1, errors_4xx=int(400 <= status < 500), errors_5xx=int(status >= 500),
+                 cold_start=int(bool(f["cold"])))
+        f["route"] = f["route"] or "none"           # a dimension: always a string
         line = dict(f)
+        # a request that generated nothing publishes its total time only: its zero prefill/decode
+        # figures would drag the [service] roll-up of the generation metrics down
+        values = line if f["prefill_mode"] != NO_PREFILL else {
+            k: v for k, v in line.items() if k not in REQUEST_TIMINGS.metrics or k == "total_ms"}
         try:
-            emf = emf_block(values, units, dims)
+            emf = emf_block(values, [REQUEST_COUNTS, REQUEST_TIMINGS])
         except Exception as exc:        # metrics must never break a request
             emf = {}
             line["emf_error"] = f"{type(exc).__name__}: {exc}"
-        for k in ("requests", "errors_4xx", "errors_5xx", "cold_start"):
-            if emf:
-                line[k] = values[k]
         line.update(emf)
         emit(line)
         return line
@@ -167,9 +148,10 @@ class RequestLog:
 def init_line(fields: dict) -> dict:
     """The cold-start line: model source, download/load/compile timings, where init finished."""
     line = {"event": "init", **{k: _round(v) for k, v in fields.items()}}
+    line.setdefault("phase", "init")
+    line.update(cold_starts=1, init_failures=int(not line.get("ok", True)))
     try:
-        line.update(emf_block(line, {k: u for k, u in INIT_METRICS.items() if line.get(k) is not None},
-                              {"phase": line.get("phase") or "init"}))
+        line.update(emf_block(line, [INIT]))
     except Exception as exc:
         line["emf_error"] = f"{type(exc).__name__}: {exc}"
     emit(line)

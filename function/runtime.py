@@ -28,6 +28,7 @@ from .errors import APIError, bad_request, context_overflow, internal, method_no
 from .request_log import RequestLog, emit, init_line
 from .settings import FunctionSettings
 from .tool_calls import parse_output
+from .watchdog import Watchdog
 
 if TYPE_CHECKING:  # loaded in the init thread, never at import (cold start)
     from engine.generate import Engine
@@ -42,6 +43,21 @@ ROUTES = {
 }
 DEFAULT_CHAT_MAX_TOKENS = 2048     # capped by the context; the deadline stops long answers anyway
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
+
+def public_load_reason(exc: BaseException) -> str:
+    """Why the model is unavailable, in words an API caller may read: the detail (file paths, S3
+    URIs, stack) stays in the ``model_load_error`` log line."""
+    public = getattr(exc, "public", None)
+    if isinstance(public, str):
+        return public + " (details in the function's log: model_load_error)"
+    try:
+        from engine.errors import ModelLoadError
+        if isinstance(exc, ModelLoadError):
+            return "the model file is not a usable Qwen3.5 GGUF (details in the function's log: model_load_error)"
+    except Exception:
+        pass
+    return f"the model failed to load ({type(exc).__name__}; details in the function's log: model_load_error)"
 
 
 def route_of(method: str, path: str) -> tuple[str, str | None]:
@@ -65,7 +81,8 @@ class Runtime:
         self.settings = settings if settings is not None else FunctionSettings()
         self.s3_client = s3_client
         self.engine: Engine | None = None
-        self.error: str | None = None
+        self.error: str | None = None          # the detail, for the log only (paths, URIs)
+        self.error_public: str | None = None   # what a 503 body says (no internal paths)
         self.error_permanent = False
         self.failed_at = 0.0
         self.resolved: ResolvedModel | None = None
@@ -113,6 +130,7 @@ class Runtime:
             except Exception:
                 permanent = False
             self.error, self.error_permanent, self.failed_at = why, permanent, time.monotonic()
+            self.error_public = public_load_reason(exc)
             fields.update(error=why, permanent=permanent)
             emit({"event": "model_load_error", "error": why, "permanent": permanent,
                   "traceback": traceback.format_exc(limit=8)})
@@ -157,7 +175,7 @@ class Runtime:
                                         f"{time.monotonic() - self._load_started:.1f} s; retry shortly")
         self._report_init("first_invoke")
         if self.engine is None:
-            raise model_unavailable(self.error or "unknown load failure")
+            raise model_unavailable(self.error_public or "unknown load failure")
         return self.engine
 
     # ------------------------------------------------------------------ requests
@@ -165,10 +183,25 @@ class Runtime:
     def handle(self, event, context=None):
         t_mono = time.monotonic()
         rid = getattr(context, "aws_request_id", None) or f"local-{uuid.uuid4().hex[:12]}"
+        watchdogs: list[Watchdog | None] = []     # filled once the request's log exists
+        try:
+            return self._handle(event, context, t_mono, rid, watchdogs)
+        finally:
+            for w in watchdogs:
+                if w is not None:
+                    w.cancel()
+
+    def _handle(self, event, context, t_mono: float, rid: str, watchdogs: list):
+        # a line before Lambda's timeout kills us mid-request (function/watchdog.py); its thread
+        # starts before the request's clock so its cost is in no stage and not in total_ms
+        watchdog = Watchdog.start(context, None, self.settings.watchdog_margin_s)
+        watchdogs.append(watchdog)
         with self._state_lock:
             cold = self.requests_served == 0
             self.requests_served += 1
         log = RequestLog(rid, cold=cold)
+        if watchdog is not None:
+            watchdog.log = log
         kind = events.kind_of(event)
         log.set(kind=kind)
         headers = {"x-request-id": rid}
@@ -230,7 +263,7 @@ class Runtime:
             try:
                 eng = self.wait_for_engine(dl.at)
             except APIError as err:
-                return 503, {"status": "unavailable", "reason": self.error or err.message,
+                return 503, {"status": "unavailable", "reason": self.error_public or err.message,
                              "model_source": self.settings.model_source,
                              "error": err.body()["error"]}
         log.set(model=eng.model_id)

@@ -14,6 +14,7 @@ DEFAULT_MARGIN_S = 0.5
 DEFAULT_MODEL_RETRY_S = 30.0
 DEFAULT_INIT_BUDGET_S = 8.0
 DEFAULT_MODEL_DIR = "/tmp/warmllm-models"
+DEFAULT_WATCHDOG_MARGIN_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,7 @@ class FunctionSettings:
     deadline_margin_s: float = DEFAULT_MARGIN_S     # DEADLINE_MARGIN_S: answer this long before it
     model_retry_s: float = DEFAULT_MODEL_RETRY_S    # MODEL_RETRY_S: wait before retrying a failed load
     init_budget_s: float = DEFAULT_INIT_BUDGET_S    # INIT_BUDGET_S: how long init waits for the model
+    watchdog_margin_s: float = DEFAULT_WATCHDOG_MARGIN_S  # WATCHDOG_MARGIN_S: the timeout line this long before Lambda's
 
     @property
     def model_source(self) -> str | None:
@@ -44,4 +46,5 @@ class FunctionSettings:
             deadline_margin_s=non_negative(env, "DEADLINE_MARGIN_S", DEFAULT_MARGIN_S),
             model_retry_s=non_negative(env, "MODEL_RETRY_S", DEFAULT_MODEL_RETRY_S),
             init_budget_s=non_negative(env, "INIT_BUDGET_S", DEFAULT_INIT_BUDGET_S),
+            watchdog_margin_s=non_negative(env, "WATCHDOG_MARGIN_S", DEFAULT_WATCHDOG_MARGIN_S),
         )

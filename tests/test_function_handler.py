@@ -390,7 +390,8 @@ def test_unloadable_model_is_503_everywhere_and_health_says_why(tmp_path, capsys
     for name in ("chat_http_api.json", "completion.json", "models.json"):
         resp, line = call(r, event(name), capsys)
         assert resp["statusCode"] == 503 and body_of(resp)["error"]["code"] == "model_not_loaded"
-        assert "broken.gguf" in body_of(resp)["error"]["message"] or "Error" in body_of(resp)["error"]["message"]
+        assert "not a usable" in body_of(resp)["error"]["message"]
+        assert str(tmp_path) not in resp["body"]                     # no internal path to API callers
     resp, _ = call(r, event("health.json"), capsys)
     h = body_of(resp)
     assert resp["statusCode"] == 503 and h["status"] == "unavailable" and h["reason"]
@@ -398,7 +399,7 @@ def test_unloadable_model_is_503_everywhere_and_health_says_why(tmp_path, capsys
     missing = Runtime.from_env({k: v for k, v in os.environ.items() if k not in ("MODEL_PATH", "MODEL_S3_URI")})
     missing.start_init(budget_s=10)
     resp, _ = call(missing, event("health.json"), capsys)
-    assert resp["statusCode"] == 503 and "MODEL_PATH" in body_of(resp)["reason"]
+    assert resp["statusCode"] == 503 and "ModelS3Uri or ModelPath" in body_of(resp)["reason"]
 
 
 def test_api_key(tiny_model_path, rt, capsys):

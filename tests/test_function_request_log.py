@@ -23,14 +23,20 @@ def result(**kw):
 
 
 def check_emf(line):
-    cw = line["_aws"]["CloudWatchMetrics"][0]
-    assert cw["Namespace"] == "warmllm"
-    for m in cw["Metrics"]:
-        assert isinstance(line[m["Name"]], (int, float)) and not isinstance(line[m["Name"]], bool), m
-    for dims in cw["Dimensions"]:
-        for d in dims:
-            assert isinstance(line[d], str)
+    for cw in line["_aws"]["CloudWatchMetrics"]:
+        assert cw["Namespace"] == "warmllm"
+        for m in cw["Metrics"]:
+            assert isinstance(line[m["Name"]], (int, float)) and not isinstance(line[m["Name"]], bool), m
+        for dims in cw["Dimensions"]:
+            for d in dims:
+                assert isinstance(line[d], str)
+        assert ["service"] in cw["Dimensions"]           # the roll-up
     assert isinstance(line["_aws"]["Timestamp"], int)
+
+
+def families(line) -> dict:
+    """metric name → its dimension sets, over every directive of the line"""
+    return {m["Name"]: cw["Dimensions"] for cw in line["_aws"]["CloudWatchMetrics"] for m in cw["Metrics"]}
 
 
 def test_one_line_with_engine_figures_and_emf(capsys):
@@ -51,9 +57,10 @@ def test_one_line_with_engine_figures_and_emf(capsys):
     assert line["event"] == "request" and line["prefill_mode"] == "extend" and line["tokens_out"] == 32
     assert line["decode_tokens_per_s"] == round(32 / 880.5 * 1000, 2)
     check_emf(line)
-    names = {m["Name"] for m in line["_aws"]["CloudWatchMetrics"][0]["Metrics"]}
-    assert {"prefill_ms", "decode_ms", "tokens_out", "decode_tokens_per_s", "requests"} <= names
-    assert line["_aws"]["CloudWatchMetrics"][0]["Dimensions"] == [["route", "prefill_mode", "service"]]
+    fam = families(line)
+    assert {"prefill_ms", "decode_ms", "tokens_out", "decode_tokens_per_s", "requests"} <= set(fam)
+    assert fam["prefill_ms"] == [["service", "route", "prefill_mode"], ["service"]]
+    assert fam["requests"] == fam["errors_5xx"] == fam["deadline_hit_n"] == [["service", "route"], ["service"]]
 
 
 def test_stage_sum_within_tolerance_and_gap_is_visible(capsys):
@@ -75,7 +82,12 @@ def test_non_generation_request_metrics_and_disable(capsys, monkeypatch):
     log.set(route="health")
     line = log.finish(404, "not_found")
     check_emf(line)
-    assert line["errors_4xx"] == 1 and line["prefill_mode"] is None
+    assert line["errors_4xx"] == 1 and line["prefill_mode"] == "none"
+    fam = families(line)
+    # the same dimension sets as a generation's line: one metric per family, whatever the route
+    assert fam["requests"] == fam["errors_4xx"] == [["service", "route"], ["service"]]
+    assert fam["total_ms"] == [["service", "route", "prefill_mode"], ["service"]]
+    assert "prefill_ms" not in fam and "decode_ms" not in fam     # no zeros in the generation roll-ups
     monkeypatch.setenv("POWERTOOLS_METRICS_DISABLED", "true")
     line = RequestLog("r2", cold=False).finish(200)
     assert "_aws" not in line
@@ -96,3 +108,24 @@ def test_init_line(capsys):
     (line,) = lines(capsys)
     assert line["event"] == "init" and line["phase"] == "init" and line["compile_ms"] == 800.0
     check_emf(line)
+
+
+def test_booleans_have_numeric_twins(capsys):
+    log = RequestLog("r", cold=True)
+    log.set(route="chat", deadline_hit=True)
+    log.add_generation(result())
+    line = log.finish(200)
+    assert line["deadline_hit"] is True and line["deadline_hit_n"] == 1 and line["cold_start"] == 1
+    line = RequestLog("r2", cold=False).finish(200)
+    assert line["deadline_hit_n"] == 0 and line["cold_start"] == 0
+
+
+def test_emf_refuses_what_cloudwatch_would_drop():
+    import pytest
+    from function.emf import Family, emf_block
+    fam = Family("f", {"x_ms": "Milliseconds"}, ("service", "route"))
+    with pytest.raises(ValueError, match="dimension 'route'"):
+        emf_block({"x_ms": 1.0, "route": None}, [fam])
+    with pytest.raises(ValueError, match="not a CloudWatch unit"):
+        emf_block({"x_ms": 1.0, "route": "chat"}, [Family("g", {"x_ms": "ms"}, ("service",))])
+    assert emf_block({"x_ms": True, "route": "chat"}, [fam]) == {}       # a bool is no metric

@@ -1,6 +1,6 @@
 """``make layer``: the arm64 dependency set resolves from manylinux wheels; slimming keeps what the
 engine imports (proved by building the host-architecture equivalent and running the engine and the
-handler from it alone); the size check fails a layer above Lambda's 250 MB. Tests that need the
+handler from it alone, in tests/test_deploy_zip.py); the size check fails a layer above Lambda's 250 MB. Tests that need the
 package registry are skipped, saying so, only when pip cannot reach it."""
 from __future__ import annotations
 
@@ -76,37 +76,8 @@ def test_size_check_fails_above_the_limit(tmp_path, monkeypatch, capsys):
     assert "slimmed" in out and (tmp_path / "warmllm-deps-arm64.zip").exists()
 
 
-def test_host_layer_runs_the_engine_and_handler_alone(tmp_path, tiny_model_path):
-    try:
-        report = build.build("host", f"{sys.version_info.major}.{sys.version_info.minor}", tmp_path, do_zip=False)
-    except subprocess.CalledProcessError as exc:
-        r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-d", str(tmp_path / "probe"),
-                            "jinja2"], capture_output=True, text=True)
-        skip_if_offline(r.stdout + r.stderr)
-        raise AssertionError(f"layer build failed: {exc}") from exc
-    assert report["slimmed_bytes"] < report["installed_bytes"]
-    layer = Path(report["path"]) / "python"
-    assert not (layer / "numba" / "tests").exists() and not (layer / "huggingface_hub").exists()
-    script = f"""
-import sys, json, os
-sys.path[:0] = [{str(layer)!r}, {str(ROOT)!r}]
-import numpy, numba, gguf, jinja2
-assert numpy.__file__.startswith({str(layer)!r}), numpy.__file__
-assert numba.__file__.startswith({str(layer)!r}), numba.__file__
-os.environ["MODEL_PATH"] = {str(tiny_model_path)!r}
-os.environ["POWERTOOLS_METRICS_DISABLED"] = "true"
-from function.app import handler
-ev = json.load(open({str(ROOT / "events" / "chat_http_api.json")!r}))
-r = handler(ev, None)
-assert r["statusCode"] == 200, r
-print("LAYER_OK", json.loads(r["body"])["usage"]["completion_tokens"])
-"""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    if os.environ.get("PYTHONPATH"):                      # a dev-only path the engine may need; never site-packages
-        env["PYTHONPATH"] = os.pathsep.join(p for p in os.environ["PYTHONPATH"].split(os.pathsep)
-                                            if "site-packages" not in p)
-    r = subprocess.run([sys.executable, "-S", "-c", script], capture_output=True, text=True, env=env, timeout=900)
-    assert "LAYER_OK" in r.stdout, (r.stdout[-2000:], r.stderr[-4000:])
+# The host-architecture layer running the engine and the handler alone is now built the way a
+# deployment builds it, through `sam build -t template-zip.yaml`: tests/test_deploy_zip.py.
 
 
 @pytest.mark.slow
