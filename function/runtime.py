@@ -239,6 +239,7 @@ class Runtime:
                                         f"{eng.model_id!r}", "invalid_request_error", "model", "model_not_found")
                 return self._finish(log, kind, 200, oa.model_list(eng.model_id, int(self.started_wall))["data"][0],
                                     headers)
+            assert greq is not None  # the generation routes parsed their body above
             with self._gen_lock:
                 status, body, ctype = self._generate(eng, greq, log, dl)
             headers["x-warmllm-prefill-mode"] = str(log.fields["prefill_mode"])

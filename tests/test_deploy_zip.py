@@ -4,7 +4,6 @@ our Makefile's build-* targets), and the handler answers from the built artifact
 from __future__ import annotations
 
 import copy
-import json
 import os
 import shutil
 import subprocess

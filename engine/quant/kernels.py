@@ -39,8 +39,8 @@ from .int8_dot import (KNOBS, TILE, WIDE_TILE, q4_k_row_dot, q4_k_row_dot_tile, 
                        q6_k_row_dot, q6_k_row_dot_tile, q8_0_row_dot, q8_0_row_dot_tile)
 
 _F32 = np.float32
-_DQ = dict(parallel=True, fastmath=False, cache=True)  # exact decode
-_MV = dict(parallel=True, fastmath=True, cache=True)   # reductions
+_DQ: dict[str, bool] = dict(parallel=True, fastmath=False, cache=True)  # exact decode
+_MV: dict[str, bool] = dict(parallel=True, fastmath=True, cache=True)   # reductions
 
 
 # ----------------------------------------------------------------------------- scalar helpers
