@@ -32,7 +32,8 @@ class FunctionSettings:
 
     @property
     def model_source(self) -> str | None:
-        return self.model_path or self.model_s3_uri
+        """"path" / "s3" / None: what a health body may say (the path or URI stays in the log)."""
+        return "path" if self.model_path else "s3" if self.model_s3_uri else None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> FunctionSettings:

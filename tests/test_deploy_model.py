@@ -12,6 +12,7 @@ from moto import mock_aws
 
 from function import model_source
 from function.model_source import ModelSourceError, resolve
+from function.settings import FunctionSettings
 
 
 @pytest.fixture
@@ -32,7 +33,8 @@ def test_large_model_downloads_in_ranges_with_progress(s3, tmp_path, capsys, mon
     s3.put_object(Bucket="models", Key="Qwen3.5-0.8B-Q4_K_M.gguf", Body=data)
     ranges = []
     s3.meta.events.register("provide-client-params.s3.GetObject", lambda params, **kw: ranges.append(params.get("Range")))
-    r = resolve({"MODEL_S3_URI": "s3://models/Qwen3.5-0.8B-Q4_K_M.gguf", "MODEL_DIR": str(tmp_path)}, s3_client=s3)
+    r = resolve(FunctionSettings.from_env({"MODEL_S3_URI": "s3://models/Qwen3.5-0.8B-Q4_K_M.gguf", "MODEL_DIR": str(tmp_path)}),
+                s3_client=s3)
     assert r.downloaded and open(r.path, "rb").read() == data
     assert len(ranges) == 3 and all(x and x.startswith("bytes=") for x in ranges), ranges
     ev = [json.loads(x) for x in capsys.readouterr().out.splitlines() if '"model_download"' in x]
@@ -46,5 +48,5 @@ def test_too_little_tmp_names_the_parameter(s3, tmp_path, monkeypatch):
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(model_source.shutil, "disk_usage", lambda p: usage(10_000, 9_000, 1_000))
     with pytest.raises(ModelSourceError, match="EphemeralStorageMB") as exc:
-        resolve({"MODEL_S3_URI": "s3://models/m.gguf", "MODEL_DIR": str(tmp_path)}, s3_client=s3)
+        resolve(FunctionSettings.from_env({"MODEL_S3_URI": "s3://models/m.gguf", "MODEL_DIR": str(tmp_path)}), s3_client=s3)
     assert "EphemeralStorageMB" in exc.value.public and "s3://" not in exc.value.public

@@ -23,7 +23,7 @@ def test_every_variable_reaches_its_field():
     s = FunctionSettings.from_env(env)
     assert (s.engine.threads, s.engine.n_ctx, s.engine.prefill_chunk) == (3, 4096, 128)
     assert s.engine.snapshots.every == 64 and s.engine.snapshots.dir == "/mnt/efs"
-    assert (s.model_path, s.model_dir, s.api_key, s.model_source) == ("/m.gguf", "/d", "k", "/m.gguf")
+    assert (s.model_path, s.model_dir, s.api_key, s.model_source) == ("/m.gguf", "/d", "k", "path")
     assert (s.api_deadline_s, s.deadline_margin_s, s.model_retry_s, s.init_budget_s) == (10.0, 0.0, 5.0, 2.5)
 
 
