@@ -162,13 +162,14 @@ def test_k_quantizers_beat_naive_rounding():
 
 
 def test_registry_and_errors():
-    assert set(F.supported_types()) == set(ALL)
-    for t in ALL:
+    lowbit = [T.Q2_K, T.Q3_K, T.IQ4_NL, T.IQ4_XS, T.IQ3_S, T.IQ3_XXS]  # tests/test_quant_lowbit.py
+    assert set(F.supported_types()) == set(ALL) | set(lowbit)
+    for t in ALL + lowbit:
         fmt = F.get_format(t)
         assert fmt.qtype == t and F.get_format(int(t)) is fmt and F.get_format(t.name) is fmt
     with pytest.raises(F.UnsupportedWeightType) as e:
-        F.get_format(T.Q2_K)
-    assert "Q2_K" in str(e.value) and "Q6_K" in str(e.value) and "Q4_K" in str(e.value)
+        F.get_format(T.IQ2_XXS)
+    assert "IQ2_XXS" in str(e.value) and "Q6_K" in str(e.value) and "Q2_K" in str(e.value)
     assert isinstance(e.value, ValueError)
     with pytest.raises(F.UnsupportedWeightType, match="supported"):
         F.get_format(9999)

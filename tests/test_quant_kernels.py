@@ -135,7 +135,7 @@ def test_argument_checks():
     with pytest.raises(ValueError):
         K.dequantize_rows_into(T.Q8_0, raw, np.zeros((4, 96), np.float32))
     with pytest.raises(F.UnsupportedWeightType):
-        K.matvec(T.Q2_K, raw, np.zeros(64, np.float32), np.zeros(4, np.float32))
+        K.matvec(T.IQ2_XXS, raw, np.zeros(64, np.float32), np.zeros(4, np.float32))  # not supported (docs/formats.md)
 
 
 def test_bench_matvec_reports_positive_rate():
