@@ -20,7 +20,7 @@ template expects them:
 The caller's messages are never modified.
 
 Prefix property (what lets a warm session extend instead of re-prefilling): with our factory
-template (engine/testing/qwen35_chat_template.jinja) render(turn-1 messages + the reply) is a
+template (engine/synthetic/qwen35_chat_template.jinja) render(turn-1 messages + the reply) is a
 prefix of render(turn-2 messages), for plain chat, thinking on or off, and tool loops. With the
 real Qwen3.5 template it holds inside a tool loop (between two user messages) but breaks at
 every new user message: Qwen3.5 drops the <think> block of assistant turns before the last

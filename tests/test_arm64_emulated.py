@@ -4,7 +4,7 @@
   ``tests/test_arm64_targets.py`` inside each target's emulated run).
 * The arm64 layer that ``layers/build.py`` builds imports and runs the engine and the handler in the
   arm64 userland with nothing else on the path.
-* The image's kernel cache, built by ``function.warm_kernels`` for ``neoverse-n1`` as the Dockerfile
+* The image's kernel cache, built by ``python -m engine warm-kernels`` for ``neoverse-n1`` as the Dockerfile
   does, is loaded by a second emulated process without compiling (numba's cache hit counters).
 
 Skipped, saying why, when the userland is not set up (``python scripts/arm64_userland.py``).
@@ -125,7 +125,7 @@ assert platform.machine() == "aarch64"
 import numpy, numba, gguf, jinja2, tokenizers
 for m in (numpy, numba, gguf, jinja2, tokenizers):
     assert m.__file__.startswith({str(layer)!r}), m.__file__
-from engine.testing.factory import make_model
+from engine.synthetic.factory import make_model
 make_model({str(model)!r}, "tiny", "Q4_K_M", 0)
 os.environ["MODEL_PATH"] = {str(model)!r}
 os.environ["POWERTOOLS_METRICS_DISABLED"] = "true"
@@ -168,14 +168,14 @@ def _stats(r: subprocess.CompletedProcess) -> dict:
 
 
 def test_second_process_loads_the_neoverse_n1_cache_without_compiling(tmp_path):
-    """As the image: build the cache with function.warm_kernels for neoverse-n1 (empty features),
+    """As the image: build the cache with `python -m engine warm-kernels` for neoverse-n1 (empty features),
     write cpu.json, then a cold start copies it to a fresh NUMBA_CACHE_DIR (function.numba_cache) and
     runs the model: every kernel is a cache hit, none is compiled."""
     _need_userland()
     image, run = tmp_path / "opt-numba-cache", tmp_path / "tmp-numba-cache"
     image.mkdir()
     (image / "cpu.json").write_text(json.dumps({"NUMBA_CPU_NAME": "neoverse-n1", "NUMBA_CPU_FEATURES": ""}))
-    build_code = "import sys\nfrom function.warm_kernels import main\nmain(['--weights', 'Q4_K_M'])\n" + _STATS
+    build_code = "import sys\nfrom engine.cli import main\nmain(['warm-kernels', '--weights', 'Q4_K_M'])\n" + _STATS
     first = _stats(_emulated(build_code, {"NUMBA_CPU_NAME": "neoverse-n1", "NUMBA_CPU_FEATURES": "",
                                           "NUMBA_CACHE_DIR": str(image)}))
     assert first["cache_misses"] > 0, first               # it compiled
@@ -185,7 +185,7 @@ info = numba_cache.prepare()
 import json, time, numba
 assert numba.config.CPU_NAME == "neoverse-n1", numba.config.CPU_NAME   # taken from the image's cpu.json
 from engine.generate import Engine, SamplingParams
-from engine.testing.factory import make_model
+from engine.synthetic.factory import make_model
 p = make_model({str(tmp_path / 'm.gguf')!r}, "tiny", "Q4_K_M", 0)
 t0 = time.perf_counter()
 e = Engine.load(str(p))

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 
-
 def cli(*args):
     return subprocess.run([sys.executable, "-m", "engine", *args], capture_output=True, text=True)
 
@@ -63,3 +62,11 @@ def test_errors_are_one_line(tiny_model_path, args, message):
 def test_make_model_rejects_unknown_preset(tmp_path):
     r = cli("make-model", "--preset", "huge", "--out", str(tmp_path / "x.gguf"))
     assert r.returncode == 1 and "preset 'huge' is unknown" in r.stderr
+
+
+def test_warm_kernels_verb_builds_and_runs_a_factory_model_per_scheme():
+    # F32 runs on numpy alone: the verb's plumbing without compiling the quant kernels here
+    r = cli("warm-kernels", "--weights", "F32")
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = [json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")]
+    assert [(l["event"], l["weights"]) for l in lines] == [("warm_kernels", "F32")] and lines[0]["total_ms"] > 0

@@ -109,7 +109,7 @@ def test_activations_stay_sane(tiny):
 
 
 def test_factory_is_deterministic_and_seeded(tmp_path):
-    from engine.testing.factory import make_model
+    from engine.synthetic.factory import make_model
 
     a = make_model(tmp_path / "a.gguf", "tiny", "Q8_0", 1)
     b = make_model(tmp_path / "b.gguf", "tiny", "Q8_0", 1)
@@ -132,7 +132,7 @@ def test_factory_bytes_do_not_depend_on_numpy_simd_path(tmp_path, weights):
 
     from numpy._core._multiarray_umath import __cpu_dispatch__, __cpu_features__
 
-    from engine.testing.factory import make_model
+    from engine.synthetic.factory import make_model
 
     found = [f for f in __cpu_dispatch__ if __cpu_features__.get(f)]
     if not found:

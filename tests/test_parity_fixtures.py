@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from engine.generate import Engine
-from engine.testing.parity_cases import (GREEDY_TOKENS, PARITY_MODELS, TOKENIZE_STRINGS, greedy_prompts,
+from engine.synthetic.parity_cases import (GREEDY_TOKENS, PARITY_MODELS, TOKENIZE_STRINGS, greedy_prompts,
                                          logit_prompts)
 from tests.parity import check_logits, our_greedy, our_last_logits
 

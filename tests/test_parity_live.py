@@ -6,8 +6,8 @@ import pytest
 llama_cpp = pytest.importorskip("llama_cpp", reason="llama_cpp not installed: run make test-oracle")
 
 from engine.generate import Engine  # noqa: E402
-from engine.testing.parity_cases import TOKENIZE_STRINGS, greedy_prompts, logit_prompts  # noqa: E402
-from tests.oracle import llama_runner  # noqa: E402
+from engine.synthetic.parity_cases import TOKENIZE_STRINGS, greedy_prompts, logit_prompts  # noqa: E402
+from bench import llama_runner  # noqa: E402
 from tests.parity import check_logits, our_greedy, our_last_logits  # noqa: E402
 
 pytestmark = pytest.mark.oracle

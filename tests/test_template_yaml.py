@@ -99,4 +99,4 @@ def test_dockerfile_entry_point_and_kernel_cache():
     d = (ROOT / "Dockerfile").read_text()
     assert "FROM python:3.12" in d
     assert 'ENTRYPOINT ["python", "-m", "awslambdaric"]' in d and 'CMD ["function.app.handler"]' in d
-    assert "neoverse-n1" in d and "function.warm_kernels" in d and "WARMLLM_NUMBA_CACHE_SRC=/opt/numba-cache" in d
+    assert "neoverse-n1" in d and "engine warm-kernels" in d and "WARMLLM_NUMBA_CACHE_SRC=/opt/numba-cache" in d

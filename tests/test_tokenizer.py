@@ -1,4 +1,4 @@
-"""Tokenizer (engine/tokenizer.py) and the factory vocabulary (engine/testing/vocab.py)."""
+"""Tokenizer (engine/tokenizer.py) and the factory vocabulary (engine/synthetic/vocab.py)."""
 from __future__ import annotations
 
 import hashlib
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.testing.vocab import LEARNED_VOCAB, QWEN35_ADDED_TOKENS, build_vocab
+from engine.synthetic.vocab import LEARNED_VOCAB, QWEN35_ADDED_TOKENS, build_vocab
 from engine.tokenizer import BYTE_TO_UNICODE, IncrementalDecoder, Tokenizer, TokenType
 
 REPO = Path(__file__).resolve().parents[1]
@@ -78,7 +78,7 @@ def test_round_trip(tiny: Tokenizer, big: Tokenizer, text: str) -> None:
 
 
 def test_corpus_compresses_and_round_trips(tiny: Tokenizer) -> None:
-    text = (REPO / "engine/testing/corpus.txt").read_text(encoding="utf-8")
+    text = (REPO / "engine/synthetic/corpus.txt").read_text(encoding="utf-8")
     ids = tiny.encode(text)
     assert tiny.decode(ids) == text
     # a trained vocabulary must beat one token per byte by a wide margin on its own corpus
@@ -287,7 +287,7 @@ def test_metadata_errors() -> None:
 
 
 def test_speed_100kb_on_248k_vocab(big: Tokenizer) -> None:
-    text = (REPO / "engine/testing/corpus.txt").read_text(encoding="utf-8")
+    text = (REPO / "engine/synthetic/corpus.txt").read_text(encoding="utf-8")
     text = (text * (100_000 // len(text) + 1))[:100_000]
     # CPU time, not wall time: the limit is about our cost, not about a busy shared machine
     start = time.process_time()
@@ -341,7 +341,7 @@ def test_construction_speed_real_sized_merges() -> None:
 
 
 def test_build_vocab_fast_and_deterministic() -> None:
-    from engine.testing import vocab as vocab_mod
+    from engine.synthetic import vocab as vocab_mod
 
     start = time.process_time()
     vocab_mod._learned.__wrapped__(2048 - len(QWEN35_ADDED_TOKENS))  # uncached training
@@ -352,7 +352,7 @@ def test_build_vocab_fast_and_deterministic() -> None:
         return hashlib.sha256(json.dumps(spec.metadata(), sort_keys=True).encode()).hexdigest()
 
     # a fresh process (different hash seeds, empty caches) trains the very same vocabulary
-    code = ("import hashlib, json; from engine.testing.vocab import build_vocab; "
+    code = ("import hashlib, json; from engine.synthetic.vocab import build_vocab; "
             "print(hashlib.sha256(json.dumps(build_vocab(2048).metadata(), sort_keys=True).encode()).hexdigest())")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == digest(build_vocab(2048))

@@ -20,7 +20,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as Q, GGUFWriter, LlamaFileType
 
 from engine.quant import formats
-from engine.testing.vocab import build_vocab
+from engine.synthetic.vocab import build_vocab
 
 ARCH = "qwen35"
 

@@ -1,7 +1,7 @@
 """Compile every numba kernel the handler will run into ``NUMBA_CACHE_DIR`` (image build step).
 
     NUMBA_CACHE_DIR=/opt/numba-cache NUMBA_CPU_NAME=neoverse-n1 NUMBA_CPU_FEATURES= \
-        python -m function.warm_kernels [--weights Q4_K_M,Q8_0,F32]
+        python -m engine warm-kernels [--weights Q4_K_M,Q8_0,F32]
 
 For each weight scheme it builds a tiny factory model (same tensor formats and code paths as a
 real Qwen3.5 GGUF of that scheme, a few MB), loads it (``Engine.load`` warms the kernels) and runs
@@ -10,11 +10,8 @@ kernels instead of compiling. Prints one JSON line per scheme with its compile t
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -24,7 +21,7 @@ DEFAULT_WEIGHTS = "Q4_K_M,Q8_0,F32"
 def warm(weights: list[str], workdir: Path) -> list[dict]:
     from engine.generate import Engine, SamplingParams
     from engine.settings import Settings
-    from engine.testing.factory import make_model
+    from engine.synthetic.factory import make_model
 
     out = []
     for w in weights:
@@ -42,16 +39,3 @@ def warm(weights: list[str], workdir: Path) -> list[dict]:
         print(json.dumps(line), flush=True)
         out.append(line)
     return out
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--weights", default=DEFAULT_WEIGHTS, help="comma-separated weight schemes")
-    a = ap.parse_args(argv)
-    with tempfile.TemporaryDirectory() as d:
-        warm([w for w in a.weights.split(",") if w], Path(d))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.testing.factory import make_model
-from engine.testing.parity_cases import (GREEDY_TOKENS, PARITY_MODELS, TOKENIZE_STRINGS, greedy_prompts,
+from engine.synthetic.factory import make_model
+from engine.synthetic.parity_cases import (GREEDY_TOKENS, PARITY_MODELS, TOKENIZE_STRINGS, greedy_prompts,
                                          logit_prompts)
-from tests.oracle import llama_runner
+from bench import llama_runner
 
 OUT = Path(__file__).resolve().parents[1] / "fixtures" / "oracle"
 
