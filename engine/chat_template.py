@@ -139,6 +139,20 @@ def _environment() -> ImmutableSandboxedEnvironment:
     return env
 
 
+# ChatML, as every Qwen template writes it: the markers the engine needs to find turn boundaries
+# in a rendered prompt live here, with the template, and nowhere else.
+TURN_START = "<|im_start|>"
+
+
+def through_role_header(text: str, offset: int) -> int:
+    """`offset`, moved past the ChatML role header (``<|im_start|>role\n``) that starts there."""
+    if text.startswith(TURN_START, offset):
+        end = text.find("\n", offset)
+        if end != -1:
+            return end + 1
+    return offset
+
+
 class ChatTemplate:
     """A compiled chat template. ``TemplateError`` if ``source`` is not valid Jinja."""
 

@@ -255,3 +255,11 @@ def test_helpers_and_kwargs() -> None:
 def test_trim_and_lstrip_blocks() -> None:
     tpl = ChatTemplate("A\n  {% if true %}\nB\n  {% endif %}\nC")
     assert tpl.render([]) == "A\nB\nC"
+
+
+def test_a_turn_boundary_moves_past_the_role_header_that_starts_there():
+    from engine.chat_template import TURN_START, through_role_header
+
+    text = f"sys{TURN_START}user\nhello"
+    assert through_role_header(text, 3) == text.index("hello")
+    assert through_role_header(text, 0) == 0 and through_role_header(f"a{TURN_START}user", 1) == 1  # no header / no newline
