@@ -25,7 +25,7 @@ prefix of render(turn-2 messages), for plain chat, thinking on or off, and tool 
 real Qwen3.5 template it holds inside a tool loop (between two user messages) but breaks at
 every new user message: Qwen3.5 drops the <think> block of assistant turns before the last
 user message, so the reusable prefix ends right after turn 1's "<|im_start|>assistant\n" and
-the previous reply is read again (tests/test_chat_template.py shows both).
+the previous reply is read again (tests/engine/test_chat_template_renders_like_jinja.py shows both).
 """
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ from engine import snapshots as S
 from engine.settings import SnapshotSettings
 from engine.state import AttentionState, DeltaNetState, State
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FP = "f" * 32
 LAYOUT = [("deltanet", (3, 16), (2, 4, 4)), ("deltanet", (3, 16), (2, 4, 4)), ("attention", (1, 8), ())]
 
@@ -445,7 +445,7 @@ def test_s3_over_http_with_moto_server(moto_server):
 WRITER = textwrap.dedent("""
     import sys, time
     sys.path[:0] = [{root!r}, {tests!r}]
-    from test_snapshots import make_snap, key_of, store, FP
+    from test_snapshot_store import make_snap, key_of, store, FP
     from engine import snapshots as S
     kind, where, start = sys.argv[1], sys.argv[2], float(sys.argv[3])
     snap = make_snap(64, seed=11, logits=True)
@@ -462,7 +462,7 @@ WRITER = textwrap.dedent("""
 @pytest.mark.parametrize("kind", ["dir", "s3"])
 def test_two_processes_writing_the_same_key(kind, tmp_path, moto_server):
     where = str(tmp_path) if kind == "dir" else moto_server
-    script = WRITER.format(root=str(ROOT), tests=str(ROOT / "tests"))
+    script = WRITER.format(root=str(ROOT), tests=str(ROOT / "tests" / "engine"))
     start = time.time() + 3.0
     procs = [subprocess.Popen([sys.executable, "-c", script, kind, where, str(start)], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(2)]

@@ -44,7 +44,7 @@ from gguf import GGMLQuantizationType as T
 from engine.quant import kernels as K, paths, formats as F
 from engine.quant.activations import round_activations
 from tests.asm import asm_of
-from tests.test_quant_kernels import _random_blocks, RTOL
+from tests.engine.test_quant_kernels import _random_blocks, RTOL
 
 res = {"level": paths.target().level, "errors": {}, "int8": {}}
 rng = np.random.default_rng(7)
@@ -85,7 +85,7 @@ def test_level_kernels_match_the_exact_product(level, tmp_path):
     features = tuple(f for f in LEVELS[level] if f in HOST or f != "evex512")
     want, banned = TILE_ASM[level]
     env = dict(os.environ, NUMBA_CPU_NAME="haswell", NUMBA_CPU_FEATURES=paths.features_flag_string(features))
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     r = subprocess.run([sys.executable, "-c", _CHILD, ",".join(want + banned)], capture_output=True, text=True,
                        env=env, cwd=root, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -12,7 +12,7 @@ from function import events
 from function.errors import APIError
 from function.runtime import route_of
 
-EVENTS = Path(__file__).resolve().parents[1] / "events"
+EVENTS = Path(__file__).resolve().parents[2] / "events"
 
 # file → (kind, method, path, route or the status route_of raises)
 EXPECTED = {

@@ -16,7 +16,7 @@ from engine.synthetic.parity_cases import (GREEDY_TOKENS, PARITY_MODELS, TOKENIZ
                                          logit_prompts)
 from tests.parity import check_logits, our_greedy, our_last_logits
 
-FIXTURES = Path(__file__).parent / "fixtures" / "oracle"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "oracle"
 
 
 def _fixture(preset, weights, seed):

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from engine.synthetic.vocab import LEARNED_VOCAB, QWEN35_ADDED_TOKENS, build_vocab
 from engine.tokenizer import BYTE_TO_UNICODE, IncrementalDecoder, Tokenizer, TokenType
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

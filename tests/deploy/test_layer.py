@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("layer_build", ROOT / "layers" / "build.py")
 build = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(build)

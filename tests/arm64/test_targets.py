@@ -1,7 +1,7 @@
 """Inside the emulated arm64 userland, once per CPU target (``make test-arm64``): numba really
 compiles for the requested ``NUMBA_CPU_NAME``, and this target's outputs (matvec of every format,
 the tiny models' logits and F32 greedy continuations) are recorded to
-``$WARMLLM_ARM64_OUT/<target>.npz`` so ``tests/test_arm64_emulated.py`` can compare the targets
+``$WARMLLM_ARM64_OUT/<target>.npz`` so ``tests/arm64/test_emulated.py`` can compare the targets
 with each other and with x86 under stated tolerances."""
 from __future__ import annotations
 

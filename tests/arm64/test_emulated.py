@@ -1,7 +1,7 @@
 """Host-driven arm64 checks under qemu user-mode (``make test-arm64``; marked slow, so not in ``make test``).
 
 * The CPU targets agree with each other and with x86 within stated tolerances (outputs recorded by
-  ``tests/test_arm64_targets.py`` inside each target's emulated run).
+  ``tests/arm64/test_targets.py`` inside each target's emulated run).
 * The arm64 layer that ``layers/build.py`` builds imports and runs the engine and the handler in the
   arm64 userland with nothing else on the path.
 * The image's kernel cache, built by ``python -m engine warm-kernels`` for ``neoverse-n1`` as the Dockerfile
@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 import arm64_userland as U  # noqa: E402
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from function import numba_cache
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_prepare_copies_once_and_applies_the_cpu_target(tmp_path):

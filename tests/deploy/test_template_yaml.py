@@ -13,7 +13,7 @@ from cfnlint.decode import decode_str
 
 from function.runtime import ROUTES
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "template.yaml"
 
 

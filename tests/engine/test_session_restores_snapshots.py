@@ -21,7 +21,7 @@ from engine.models.qwen35 import Qwen35
 from engine.session import Session, checkpoint_positions
 from tests.parity import greedy_from
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def cosine(a, b) -> float:

@@ -15,7 +15,7 @@ from function import runtime as runtime_mod
 from function.request_log import STAGES, TOLERANCE_FRAC, TOLERANCE_MS
 from function.runtime import Runtime
 
-EVENTS = Path(__file__).resolve().parents[1] / "events"
+EVENTS = Path(__file__).resolve().parents[2] / "events"
 MODES = ("batched", "extend", "cached", "snapshot_memory", "snapshot_efs", "snapshot_s3")
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from engine import allocator
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 ALLOC_CYCLES = """
 import resource, sys

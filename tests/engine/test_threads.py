@@ -61,7 +61,7 @@ def test_openblas_thread_timeout_is_set_before_numpy_loads(module, cache_dir, tm
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_THREAD_TIMEOUT", "GOMP_SPINCOUNT")}
     if cache_dir == "fresh":
         env["NUMBA_CACHE_DIR"] = str(tmp_path)

@@ -11,7 +11,7 @@ from engine.chat_template import ChatTemplate, TemplateError
 from engine.synthetic.vocab import build_vocab
 from engine.tokenizer import Tokenizer
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 OURS = ChatTemplate((REPO / "engine/synthetic/qwen35_chat_template.jinja").read_text(encoding="utf-8"))
 REAL = ChatTemplate((REPO / "tests/fixtures/templates/Qwen3.5-4B.jinja").read_text(encoding="utf-8"))
 BOTH = pytest.mark.parametrize("tpl", [OURS, REAL], ids=["ours", "qwen3.5"])
