@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from tests.oracle.llama_runner import logits_of
+from bench.llama_runner import logits_of
 
 AGENT_PROMPT_TOKENS = 421
 

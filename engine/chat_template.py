@@ -20,12 +20,12 @@ template expects them:
 The caller's messages are never modified.
 
 Prefix property (what lets a warm session extend instead of re-prefilling): with our factory
-template (engine/testing/qwen35_chat_template.jinja) render(turn-1 messages + the reply) is a
+template (engine/synthetic/qwen35_chat_template.jinja) render(turn-1 messages + the reply) is a
 prefix of render(turn-2 messages), for plain chat, thinking on or off, and tool loops. With the
 real Qwen3.5 template it holds inside a tool loop (between two user messages) but breaks at
 every new user message: Qwen3.5 drops the <think> block of assistant turns before the last
 user message, so the reusable prefix ends right after turn 1's "<|im_start|>assistant\n" and
-the previous reply is read again (tests/test_chat_template.py shows both).
+the previous reply is read again (tests/engine/test_chat_template_renders_like_jinja.py shows both).
 """
 from __future__ import annotations
 
@@ -137,6 +137,20 @@ def _environment() -> ImmutableSandboxedEnvironment:
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     return env
+
+
+# ChatML, as every Qwen template writes it: the markers the engine needs to find turn boundaries
+# in a rendered prompt live here, with the template, and nowhere else.
+TURN_START = "<|im_start|>"
+
+
+def through_role_header(text: str, offset: int) -> int:
+    """`offset`, moved past the ChatML role header (``<|im_start|>role\n``) that starts there."""
+    if text.startswith(TURN_START, offset):
+        end = text.find("\n", offset)
+        if end != -1:
+            return end + 1
+    return offset
 
 
 class ChatTemplate:

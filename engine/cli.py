@@ -85,7 +85,7 @@ def cmd_logits(args: argparse.Namespace) -> int:
 
 
 def cmd_make_model(args: argparse.Namespace) -> int:
-    from engine.testing.factory import make_model
+    from engine.synthetic.factory import make_model
 
     tied = {"tied": True, "untied": False, None: None}[args.head]
     path = make_model(args.out, preset=args.preset, weights=args.weights, seed=args.seed, tied=tied,
@@ -122,6 +122,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
     else:
         for k, v in res.items():
             print(f"{k:32s} {v}")
+    return 0
+
+
+def cmd_warm_kernels(args: argparse.Namespace) -> int:
+    import tempfile
+    from pathlib import Path
+
+    from engine.synthetic.warm_kernels import warm
+
+    with tempfile.TemporaryDirectory() as d:
+        warm([w for w in args.weights.split(",") if w], Path(d))
     return 0
 
 
@@ -176,6 +187,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--threads", type=int, default=None)
     b.add_argument("--json", action="store_true")
     b.set_defaults(func=cmd_bench)
+
+    from engine.synthetic.warm_kernels import DEFAULT_WEIGHTS
+
+    wk = sub.add_parser("warm-kernels", help="compile every kernel the handler runs into NUMBA_CACHE_DIR (image build)")
+    wk.add_argument("--weights", default=DEFAULT_WEIGHTS, help="comma-separated weight schemes")
+    wk.set_defaults(func=cmd_warm_kernels)
 
     i = sub.add_parser("info", help="architecture, shapes, tensor types, size")
     i.add_argument("--model", required=True)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from engine import threads as threads_mod
-from engine.chat_template import ChatTemplate
+from engine.chat_template import TURN_START, ChatTemplate, through_role_header
 from engine.errors import ContextOverflow, ModelLoadError
 from engine.gguf_file import GGUFFile
 from engine.quant import paths
@@ -187,12 +187,12 @@ class Engine:
                 a = self.render_chat([{"role": "user", "content": "a"}], tools=tools, add_generation_prompt=False, **kw)
                 b = self.render_chat([{"role": "user", "content": "b"}], tools=tools, add_generation_prompt=False, **kw)
                 same = len(os.path.commonprefix([a, b]))
-                cut = a.rfind("<|im_start|>", 0, same)
+                cut = a.rfind(TURN_START, 0, same)
                 if cut > 0 and text.startswith(a[:cut]):
                     offsets.add(cut)
             except ValueError:
                 pass
-        return sorted({_through_role_header(text, o) for o in offsets})
+        return sorted({through_role_header(text, o) for o in offsets})
 
     def _offsets_to_positions(self, ids: list[int], offsets: list[int]) -> list[int]:
         """Token positions whose decoded text ends exactly at one of the character offsets
@@ -309,12 +309,3 @@ class Engine:
             snapshot_bytes=pre.snapshot_bytes if pre.snapshot_tier else pre.checkpoint_bytes,
             timings={"checkpoint_ms": pre.checkpoint_ms, "checkpoints": float(len(pre.checkpoints))},
         )
-
-
-def _through_role_header(text: str, offset: int) -> int:
-    """`offset`, moved past the ChatML role header (``<|im_start|>role\n``) that starts there."""
-    if text.startswith("<|im_start|>", offset):
-        end = text.find("\n", offset)
-        if end != -1:
-            return end + 1
-    return offset

@@ -447,7 +447,10 @@ class S3Tier:
         self.prefix = f"{prefix}/{fingerprint}" if prefix else fingerprint
         self._client = client
         self._endpoint_url = endpoint_url
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the client, made once
+        # HEAD results (size, ETag) for the read that follows: written by the lookup's HEAD pool
+        # and the background writer's exists(), cleared and popped by the lookup thread
+        self._heads_lock = threading.Lock()
         self._heads: dict[Key, tuple[int, str | None]] = {}
 
     @property
@@ -482,12 +485,14 @@ class S3Tier:
                 return False
             raise
         # the size and version the read that follows fetches in parallel ranges
-        self._heads[key] = (int(head.get("ContentLength") or 0), head.get("ETag"))
+        with self._heads_lock:
+            self._heads[key] = (int(head.get("ContentLength") or 0), head.get("ETag"))
         return True
 
     def existing(self, keys: Sequence[Key]) -> list[Key]:
         """Which of `keys` exist, asked in parallel (HEAD requests)."""
-        self._heads.clear()  # only this lookup's candidates: the rest were never read
+        with self._heads_lock:
+            self._heads.clear()  # only this lookup's candidates: the rest were never read
         if not keys:
             return []
         if len(keys) == 1:
@@ -501,7 +506,8 @@ class S3Tier:
         at tens of MB/s, and a snapshot is 26-36 MB for the 0.8B model), every range of the
         version its HEAD saw (If-Match: an object replaced mid-read fails the read, not the
         checksum). None when it is missing."""
-        size, etag = self._heads.pop(key, (None, None))
+        with self._heads_lock:
+            size, etag = self._heads.pop(key, (None, None))
         obj_key = self.object_key(key)
         done = 0  # bytes already read
         try:

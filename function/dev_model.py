@@ -36,7 +36,7 @@ def ensure(model: str, default: str, preset: str, weights: str) -> int:
               f"test model ({default}).",
               file=sys.stderr)
         return 2
-    from engine.testing.factory import make_model
+    from engine.synthetic.factory import make_model
     os.makedirs(os.path.dirname(model) or ".", exist_ok=True)
     with heartbeat(f"building {model}, a test model with random weights (preset {preset}, {weights})",
                    BUILD_HINT.get(preset, "")):

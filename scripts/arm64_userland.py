@@ -45,7 +45,7 @@ QEMU = "qemu-aarch64-static"
 # V1 (Graviton3) 256-bit vectors, V2 (Graviton4) 128-bit. qemu's own default (512-bit) is no
 # Lambda machine, and code whose result depends on the vector length must be judged at the real
 # one: LLVM 22's SVE lowering of an i8 -> i64 dot product drops half the sum at 256 bits (LLVM
-# issue 204939; tests/test_arm64_neon.py). Without SVE, an SVE instruction in N1 code is SIGILL.
+# issue 204939; tests/arm64/test_neon.py). Without SVE, an SVE instruction in N1 code is SIGILL.
 QEMU_CPU = {"generic": "max,sve=off", "neoverse-n1": "max,sve=off",
             "neoverse-v1": "max,sve256=on", "neoverse-v2": "max,sve128=on"}
 EX_TEMPFAIL = 75

@@ -13,7 +13,7 @@ os.environ.setdefault("WARMLLM_THREADS", "2")
 @pytest.fixture(scope="session")
 def model_factory(tmp_path_factory):
     """make(preset="tiny", weights="F32", seed=0, head=None) → path, cached per arguments."""
-    from engine.testing.factory import make_model
+    from engine.synthetic.factory import make_model
 
     root = tmp_path_factory.mktemp("models")
     built: dict[tuple, Path] = {}

@@ -29,7 +29,7 @@ def factory_sha256(weights: str) -> str:
     import tempfile
     from pathlib import Path
 
-    from engine.testing import factory
+    from engine.synthetic import factory
 
     make = getattr(factory.make_model, "_original", factory.make_model)
     with tempfile.TemporaryDirectory() as d:
@@ -39,7 +39,7 @@ def factory_sha256(weights: str) -> str:
 def record(load_engine) -> dict[str, np.ndarray]:
     """load_engine(weights) -> Engine for the tiny factory model with those weights."""
     from engine.quant import kernels as K
-    from engine.testing.parity_cases import GREEDY_TOKENS, greedy_prompts, logit_prompts
+    from engine.synthetic.parity_cases import GREEDY_TOKENS, greedy_prompts, logit_prompts
     from tests.parity import our_greedy, our_last_logits
 
     out: dict[str, np.ndarray] = {}

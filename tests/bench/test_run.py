@@ -1,0 +1,51 @@
+"""bench/run.py's combination of alternating rounds (the receipt's figures)."""
+from bench.run import agent_summary, best_of
+
+
+def test_best_of_rounds_takes_each_figure_on_its_own_terms():
+    rounds = [
+        {"pp_tok_s": 80.0, "tg_tok_s": 14.0, "ttft_ms": 5200.0, "peak_rss_mb": 930.0,
+         "token_by_token_prefill_tok_s": 16.0, "batched_over_token_by_token": 5.0, "threads": 2},
+        {"pp_tok_s": 88.0, "tg_tok_s": 13.0, "ttft_ms": 5600.0, "peak_rss_mb": 941.0,
+         "token_by_token_prefill_tok_s": 15.0, "batched_over_token_by_token": 5.87, "threads": 2},
+        {"error": "crashed"},
+    ]
+    got = best_of(rounds)
+    assert got["pp_tok_s"] == 88.0 and got["tg_tok_s"] == 14.0 and got["ttft_ms"] == 5200.0
+    assert got["peak_rss_mb"] == 941.0  # the largest: memory is not a best-of
+    assert got["batched_over_token_by_token"] == 5.5  # recomputed from the reported figures
+    assert got["threads"] == 2 and "error" not in got
+    assert best_of([{"error": "x"}]) == {"error": "x"}
+
+
+def _agent_round(a, b, c_dir, turn1=7000.0):
+    case = lambda r: {"ttft_ms": r * turn1, "restore_ms": 1.0, "prefilled_tokens": 27, "mode": "snapshot_memory"}  # noqa: E731
+    return {"turn1": {"ttft_ms": turn1}, "a": case(a), "b": case(b), "c_dir": case(c_dir),
+            "ratios": {"a": a, "b": b, "c_dir": c_dir}, "snapshot_writes": [{"bytes": 33_000_000}, {"bytes": 26_000_000}]}
+
+
+def test_agent_summary_takes_the_median_round_against_each_goal():
+    rounds = [_agent_round(0.09, 0.12, 0.15), _agent_round(0.11, 0.09, 0.16), _agent_round(0.08, 0.13, 0.30),
+              {"error": "moto died"}]
+    s = agent_summary(rounds)
+    assert s["rounds"] == 3 and s["turn1_ttft_ms"] == 7000.0
+    assert s["a"]["median_ratio"] == 0.09 and s["a"]["met"] and (s["a"]["min"], s["a"]["max"]) == (0.08, 0.11)
+    assert s["b"]["median_ratio"] == 0.12 and not s["b"]["met"]
+    assert s["c_dir"]["median_ratio"] == 0.16 and s["c_dir"]["met"] and "c_s3" not in s
+    assert s["snapshot_bytes"] == {"min": 26_000_000, "max": 33_000_000}
+    assert agent_summary([{"error": "moto died"}]) == {"error": "moto died"}
+
+
+def test_large_mode_measures_the_4b_and_9b_files_natively_and_nothing_else():
+    from bench.run import LARGE_RUNS, parse_args, plan
+
+    large = plan(parse_args(["--large"]))
+    assert large.runs == LARGE_RUNS == (("4b", "Q4_K_M"), ("9b", "Q3_K_M"), ("9b", "IQ4_XS"))
+    assert large.modes == ("native",) and large.extra_pp == "" and large.agent_rounds == 0
+    assert plan(parse_args(["--large", "--modes", "native,avx2"])).modes == ("native", "avx2")
+    default = plan(parse_args([]))
+    assert default.runs == (("0.8b", "Q4_K_M"), ("0.8b", "Q8_0")) and default.extra_pp == "2048"
+    assert default.modes == ("native", "avx2", "native-pinned") and default.agent_rounds == 3
+    # every large run is a preset and a scheme the factory knows
+    from engine.synthetic.factory import PRESETS, WEIGHT_SCHEMES
+    assert all(p in PRESETS and w in WEIGHT_SCHEMES for p, w in large.runs)

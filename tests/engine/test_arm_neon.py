@@ -1,0 +1,100 @@
+"""arm64's int8 kernels (engine/quant/arm_neon.py): `sdot` decode rows and multi-token tiles for
+Q4_K, Q5_K, Q6_K and Q8_0, held to gguf.quants' decoding and the exact product of the rounded
+activations. They run where numba compiles for an arm64 CPU with dot products (under qemu:
+``make test-arm64``, neoverse-n1/v1/v2; the CI subset runs them on neoverse-n1); the path
+chooser's arm64 levels are checked everywhere.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+from gguf import quants as gq
+
+from engine.quant import kernels as K
+from engine.quant import paths
+from engine.quant.activations import round_activations
+from tests.engine.test_quant_kernels import RTOL, _random_blocks
+
+FORMATS = [T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0]
+on_arm = pytest.mark.skipif(paths.target().level not in paths.ARM_LEVELS,
+                            reason="arm64 with dot products (make test-arm64: neoverse-n1, -v1, -v2)")
+
+
+def _exact(qtype, raw, rows, cols, x):
+    """gguf.quants' weights times the activations as llama.cpp rounds them, in float64, and the
+    tolerance scale sum |w x|."""
+    W = gq.dequantize(raw.reshape(rows, -1), qtype).reshape(rows, cols).astype(np.float64)
+    xr = round_activations(x, qtype).astype(np.float64)
+    return xr @ W.T, np.abs(xr) @ np.abs(W).T
+
+
+def test_arm_levels_from_the_cpu_name_and_features():
+    level = lambda name, *f: paths.Target("aarch64", name, frozenset(f)).level  # noqa: E731
+    assert level("generic") == "portable"
+    assert level("neoverse-n1", "neon", "dotprod") == "neon-dotprod"
+    assert level("neoverse-v1", "neon", "dotprod", "i8mm", "sve") == "neon-i8mm"
+    # NUMBA_CPU_FEATURES="" means the named CPU's own features (how the image pins neoverse-n1)
+    for name, want in (("neoverse-n1", "neon-dotprod"), ("neoverse-v1", "neon-i8mm"), ("neoverse-v2", "neon-i8mm")):
+        assert paths.Target("aarch64", name, frozenset(paths.ARM_CPU_FEATURES[name])).level == want
+    assert paths.Target("x86_64", "neoverse-n1", frozenset({"dotprod"})).level == "portable"
+
+
+@on_arm
+def test_paths_name_the_arm_kernels_per_format():
+    got = paths.kernel_paths(FORMATS)
+    for qt in FORMATS:
+        assert got[qt.name] == {"decode": "neon-dotprod-int8", "prefill": f"{paths.tile_level(qt)}-int8"}, got
+        assert K.has_int8_kernels(qt) and K.has_int8_prefill(qt)
+    assert paths.kernel_paths([T.Q4_0])["Q4_0"] == {"decode": "float", "prefill": "dequantize+blas"}
+
+
+@on_arm
+@pytest.mark.parametrize("qtype", FORMATS, ids=lambda t: t.name)
+def test_decode_rows_are_the_exact_product(qtype):
+    # arbitrary bytes: every nibble, 5/6-bit quant, int8 (-128 included) and scale value, so the
+    # unpacking of each bit and the scale/min/offset bookkeeping are all exercised
+    rows, cols = 24, 1024
+    raw = _random_blocks(qtype, rows, cols, 11)
+    x = np.random.default_rng(12).standard_normal(cols, dtype=np.float32)
+    x[256:512] *= 1e-3  # an activation block of small magnitude
+    plan = K.MatvecPlan(qtype, raw, rows, cols)
+    assert plan.int8
+    out = np.empty(rows, np.float32)
+    plan(x, out)
+    ref, scale = _exact(qtype, raw, rows, cols, x[None])
+    err = np.abs(out - ref[0]) / scale[0]
+    assert np.all(err <= RTOL), err.max()
+
+
+@on_arm
+@pytest.mark.parametrize("tokens,cols", [(2, 1024), (5, 512), (67, 256)])
+@pytest.mark.parametrize("qtype", FORMATS, ids=lambda t: t.name)
+def test_tiles_are_the_exact_product(qtype, tokens, cols):
+    rows = 19  # not a multiple of the row chunk; T not always a multiple of the tile
+    raw = _random_blocks(qtype, rows, cols, 13)
+    x = np.random.default_rng(tokens).standard_normal((tokens, cols), dtype=np.float32)
+    y = K.MatvecPlan(qtype, raw, rows, cols).tokens(x)
+    ref, scale = _exact(qtype, raw, rows, cols, x)
+    assert y.shape == (tokens, rows)
+    err = np.abs(y - ref) / scale
+    assert np.all(err <= RTOL), err.max()
+
+
+@on_arm
+@pytest.mark.parametrize("qtype", FORMATS, ids=lambda t: t.name)
+def test_arm_kernels_are_sdot_code(qtype):
+    """The decode row and the tile of each format multiply with `sdot` and prefetch the weights."""
+    from tests.asm import asm_of
+
+    rows, cols = 256, 256  # big enough for the parallel kernels, not their serial twins
+    raw = _random_blocks(qtype, rows, cols, 3)
+    plan = K.MatvecPlan(qtype, raw, rows, cols)
+    plan(np.ones(cols, np.float32), np.empty(rows, np.float32))
+    plan.tokens(np.ones((3, cols), np.float32))
+    tile = {T.Q8_0: K._mm_q8_0_q8, T.Q5_K: K._mm_q5_k_q8k}.get(qtype, K._mm_k_q8k)
+    for kernel in (plan.kernel, tile):
+        asm = "\n".join(asm_of(kernel))
+        for op in ("sdot", "prfm"):
+            assert f"\t{op}\t" in asm or f" {op} " in asm, f"{kernel.__name__}: no {op}"
+        assert "smull" not in asm or "sdot" in asm

@@ -1,0 +1,127 @@
+"""Every x86 kernel level this host can run (engine/quant/paths.py), each in its own process
+compiled for that level through NUMBA_CPU_NAME + NUMBA_CPU_FEATURES: the chooser names the level,
+the decode rows and the prefill tiles of Q4_K, Q6_K and Q8_0 match the exact product of the
+reference-decoded weights (gguf.quants' numbers: test_quant_formats holds our decode to them)
+with the activations rounded as llama.cpp rounds them, and the tiles contain the level's
+instructions. An AVX2 build runs on any x86-64-v3 host, so the floor is checked everywhere."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.quant import paths
+
+llvm = pytest.importorskip("llvmlite.binding")
+HOST = {k for k, v in llvm.get_host_cpu_features().items() if v}
+AVX512 = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd", "evex512")
+LEVELS = {
+    "avx2": paths.X86_64_V3,
+    "avxvnni": paths.X86_64_V3 + ("avxvnni",),
+    "avx512bw": paths.X86_64_V3 + AVX512,
+    "avx512vnni": paths.X86_64_V3 + AVX512 + ("avx512vnni",),
+}
+# instructions the K-format tile must contain, and ones it must not (register width)
+TILE_ASM = {
+    "avx2": (("vpmaddubsw", "vpmaddwd"), ("zmm", "vpdpbusd")),
+    "avxvnni": (("vpdpbusd", "vpackssdw"), ("zmm",)),
+    "avx512bw": (("vpmaddubsw", "zmm"), ("vpdpbusd",)),
+    "avx512vnni": (("vpdpbusd", "vpackssdw", "zmm"), ()),
+}
+
+_CHILD = r"""
+import json, sys
+import numpy as np
+import engine
+from engine import threads
+threads.configure(2)
+from gguf import GGMLQuantizationType as T
+from engine.quant import kernels as K, paths, formats as F
+from engine.quant.activations import round_activations
+from tests.asm import asm_of
+from tests.engine.test_quant_kernels import _random_blocks, RTOL
+
+res = {"level": paths.target().level, "errors": {}, "int8": {}}
+rng = np.random.default_rng(7)
+for qt in (T.Q4_K, T.Q6_K, T.Q8_0):
+    rows, cols = 40, 1024
+    raw = _random_blocks(qt, rows, cols, 11)
+    W = F.dequantize(raw, qt, (rows, cols)).astype(np.float64)
+    plan = K.MatvecPlan(qt, raw, rows, cols)
+    res["int8"][qt.name] = bool(plan.int8) and K.int8_prefill_wins(qt, 5)
+    worst = 0.0
+    for t in (1, 2, 5, 8, 67):
+        x = rng.standard_normal((t, cols)).astype(np.float32)
+        x[:, :256] *= 1e-3
+        if t == 1:
+            got = np.empty((1, rows), np.float32)
+            plan(x[0], got[0])
+        else:
+            got = plan.tokens(x)
+        xr = round_activations(x, qt).astype(np.float64)
+        ref = xr @ W.T
+        scale = np.abs(xr) @ np.abs(W).T
+        worst = max(worst, float(np.max(np.abs(got - ref) / (RTOL * scale + 1e-30))))
+    res["errors"][qt.name] = worst
+asm = "\n".join(asm_of(K._mm_k_q8k))
+res["asm"] = {op: op in asm for op in sys.argv[1].split(",") if op}
+# the Q8_0 decode row and tile: the block scale converted without a merge into a live register
+plan = K.MatvecPlan(T.Q8_0, _random_blocks(T.Q8_0, 4096, 256, 3), 4096, 256)
+plan(np.ones(256, np.float32), np.empty(4096, np.float32))
+q8 = "\n".join(asm_of(plan.kernel) + asm_of(K._mm_q8_0_q8))
+res["q8_0_merges"] = [line.strip() for line in q8.splitlines() if "vpinsrw" in line]
+print("RESULT " + json.dumps(res))
+"""
+
+
+def _runnable(level: str) -> bool:
+    return platform.machine() in paths.X86 and all(f in HOST for f in LEVELS[level] if f != "evex512")
+
+
+@pytest.mark.parametrize("level", list(LEVELS))
+def test_level_kernels_match_the_exact_product(level, tmp_path):
+    if not _runnable(level):
+        pytest.skip(f"this host cannot run {level} code")
+    features = tuple(f for f in LEVELS[level] if f in HOST or f != "evex512")
+    want, banned = TILE_ASM[level]
+    env = dict(os.environ, NUMBA_CPU_NAME="haswell", NUMBA_CPU_FEATURES=paths.features_flag_string(features))
+    root = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, "-c", _CHILD, ",".join(want + banned)], capture_output=True, text=True,
+                       env=env, cwd=root, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(next(x for x in r.stdout.splitlines() if x.startswith("RESULT "))[len("RESULT "):])
+    assert res["level"] == level
+    assert all(res["int8"].values()), res["int8"]
+    # 1.0 = the tolerance test_quant_kernels holds every integer kernel to
+    assert all(e <= 1.0 for e in res["errors"].values()), res["errors"]
+    assert all(res["asm"][op] for op in want), res["asm"]
+    assert not any(res["asm"][op] for op in banned), res["asm"]
+    # a scalar f16 load merged into the accumulator's register (vpinsrw) chained every Q8_0 block
+    # to the previous block's FMA: 3.3 GB/s instead of 6-15 on AVX2 (int8_dot._half_at)
+    assert not res["q8_0_merges"], res["q8_0_merges"]
+
+
+def test_target_levels_from_features():
+    def level(*feats: str, machine: str = "x86_64") -> str:
+        return paths.Target(machine, "x", frozenset(feats)).level
+
+    base = ("avx2", "fma", "f16c")
+    assert level(*base) == "avx2"
+    assert level(*base, "avxvnni") == "avxvnni"
+    assert level(*base, "avx512bw", "avx512vl") == "avx512bw"
+    assert level(*base, "avx512bw", "avx512vl", "avx512vnni", "avxvnni") == "avx512vnni"
+    assert level("sse4.2") == "portable"
+    assert level(*base, machine="aarch64") == "portable"
+
+
+def test_features_flag_string_turns_off_everything_else():
+    flags = paths.features_flag_string(paths.X86_64_V3).split(",")
+    assert "+avx2" in flags and "+fma" in flags
+    assert not any(f.startswith("+avx512") or f.startswith("+avxvnni") or f.startswith("+amx") for f in flags)
+    if "avx512f" in HOST:
+        assert "-avx512f" in flags

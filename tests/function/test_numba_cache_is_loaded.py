@@ -1,0 +1,111 @@
+"""The image's kernel cache: numba only uses writable cache directories, so the pre-built cache is
+copied from the read-only image path into /tmp at cold start, with the image's CPU target; a
+process started that way loads the kernels instead of compiling them."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from function import numba_cache
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_prepare_copies_once_and_applies_the_cpu_target(tmp_path):
+    src, dst = tmp_path / "image-cache", tmp_path / "tmp-cache"
+    (src / "engine_abc").mkdir(parents=True)
+    (src / "engine_abc" / "k.nbi").write_bytes(b"index")
+    (src / "cpu.json").write_text(json.dumps({"NUMBA_CPU_NAME": "neoverse-n1", "NUMBA_CPU_FEATURES": ""}))
+    env = {"WARMLLM_NUMBA_CACHE_SRC": str(src), "NUMBA_CACHE_DIR": str(dst)}
+    info = numba_cache.prepare(env)
+    assert info["numba_cache_copied"] and info["numba_cache_files"] == 2
+    assert (dst / "engine_abc" / "k.nbi").read_bytes() == b"index"
+    assert env["NUMBA_CPU_NAME"] == "neoverse-n1" and env["NUMBA_CPU_FEATURES"] == ""
+    assert not numba_cache.prepare(env)["numba_cache_copied"]          # second cold start in the same /tmp
+    env2 = {"WARMLLM_NUMBA_CACHE_SRC": str(src), "NUMBA_CACHE_DIR": str(dst), "NUMBA_CPU_NAME": "generic"}
+    numba_cache.prepare(env2)
+    assert env2["NUMBA_CPU_NAME"] == "generic"                          # an explicit setting wins
+
+
+
+def test_arm64_without_an_image_cache_compiles_for_neoverse_n1():
+    """The zip deployment: no cpu.json, and numba would target the Graviton it runs on (SVE on V1,
+    where LLVM 22.1 miscompiles a dot-product loop); N1 is the tested target."""
+    env: dict = {}
+    assert numba_cache.prepare(env, machine="aarch64")["numba_cpu_name"] == "neoverse-n1"
+    assert env["NUMBA_CPU_FEATURES"] == ""
+    mine = {"NUMBA_CPU_NAME": "neoverse-v2"}
+    numba_cache.prepare(mine, machine="aarch64")
+    assert mine["NUMBA_CPU_NAME"] == "neoverse-v2" and "NUMBA_CPU_FEATURES" not in mine   # explicit wins
+    x86: dict = {}
+    assert numba_cache.prepare(x86, machine="x86_64")["numba_cpu_name"] is None and x86 == {}
+
+def test_on_lambda_without_a_cache_dir_tmp_is_used():
+    env = {"AWS_LAMBDA_FUNCTION_NAME": "warmllm"}
+    assert numba_cache.prepare(env)["numba_cache_dir"] == "/tmp/numba-cache"
+    assert env["NUMBA_CACHE_DIR"] == "/tmp/numba-cache"
+
+
+def _run(code: str, env: dict) -> str:
+    e = {**os.environ, **env,
+         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=e, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r.stdout
+
+
+def test_prebuilt_cache_is_loaded_not_recompiled(tmp_path, model_factory):
+    # a quantized model: F32 weights run on numpy alone, the quant formats run numba kernels
+    tiny_model_path = model_factory("tiny", "Q4_K_M")
+    image_cache, run_cache = tmp_path / "opt-numba-cache", tmp_path / "tmp-numba-cache"
+    load = f"""
+from function import numba_cache
+info = numba_cache.prepare()
+from engine.generate import Engine
+e = Engine.load({str(tiny_model_path)!r})
+import json; print(json.dumps({{"compile_ms": e.compile_ms, **info}}))
+"""
+    # the image build: compile into the image's cache directory
+    cold = json.loads(_run(load, {"NUMBA_CACHE_DIR": str(image_cache)}).strip().splitlines()[-1])
+    # a cold start on Lambda: read-only image cache copied to /tmp, kernels loaded
+    warm = json.loads(_run(load, {"NUMBA_CACHE_DIR": str(run_cache),
+                                  "WARMLLM_NUMBA_CACHE_SRC": str(image_cache)}).strip().splitlines()[-1])
+    assert warm["numba_cache_copied"] and warm["numba_cache_files"] > 0
+    assert warm["compile_ms"] < cold["compile_ms"] / 3, (cold, warm)
+    print(json.dumps({"cold_compile_ms": cold["compile_ms"], "cached_compile_ms": warm["compile_ms"]}))
+
+
+def test_kernel_cache_is_versioned_by_the_engine_sources(tmp_path):
+    # a kernel inlines intrinsics from other modules (int8_dot.py), which numba's own cache
+    # check does not see: the engine keys the cache directory by a hash of its sources
+    code = ("import os, engine; from numba.core import config; "
+            "print(config.CACHE_DIR); print(os.environ['NUMBA_CACHE_DIR'])")
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         cwd=ROOT, check=True).stdout.split()
+    assert out[0] == out[1] and Path(out[0]).parent == tmp_path and Path(out[0]).name.startswith("engine-")
+    # a child process handed the versioned directory keeps it
+    again = subprocess.run([sys.executable, "-c", code], env={**env, "NUMBA_CACHE_DIR": out[0]},
+                           capture_output=True, text=True, cwd=ROOT, check=True).stdout.split()
+    assert again == out
+
+
+def test_kernel_cache_version_changes_with_an_intrinsic_module(tmp_path):
+    import shutil
+
+    pkg = tmp_path / "pkg"
+    shutil.copytree(ROOT / "engine", pkg / "engine", ignore=shutil.ignore_patterns("__pycache__"))
+    code = "import engine; from numba.core import config; print(config.CACHE_DIR)"
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(pkg)}
+
+    def tag():
+        return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                              cwd=tmp_path, check=True).stdout.strip()
+
+    before = tag()
+    with open(pkg / "engine" / "quant" / "int8_dot.py", "a") as f:
+        f.write("\n# changed\n")
+    assert tag() != before

@@ -1,0 +1,95 @@
+"""``make serve`` with the official ``openai`` client: chat, completion, streaming, models and an
+error, through real HTTP on 127.0.0.1 into HTTP API v2 events and the handler."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import openai
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_path):
+    env = {**os.environ, "MODEL_PATH": str(tiny_model_path), "INIT_BUDGET_S": "120",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    proc = subprocess.Popen([sys.executable, "-m", "function.serve", "--port", "0"], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = None
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        if line.startswith("{") and '"event": "serve"' in line:
+            url = json.loads(line)["url"]
+            break
+    if url is None:
+        proc.kill()
+        pytest.fail("serve did not start: " + (proc.stderr.read() or ""))
+    yield url
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server, api_key="unused", max_retries=0, timeout=120)
+
+
+def test_models(client):
+    models = client.models.list()
+    assert len(models.data) == 1 and models.data[0].object == "model"
+    assert client.models.retrieve(models.data[0].id).id == models.data[0].id
+
+
+def test_chat(client):
+    r = client.chat.completions.create(model="warmllm", messages=[{"role": "user", "content": "Hello there"}],
+                                       max_tokens=8, temperature=0)
+    assert r.object == "chat.completion" and r.choices[0].finish_reason in ("stop", "length")
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    assert isinstance(r.choices[0].message.content, str)
+
+
+def test_completion(client):
+    r = client.completions.create(model="warmllm", prompt="The warm Lambda says", max_tokens=6, temperature=0)
+    assert r.object == "text_completion" and r.usage.completion_tokens <= 6
+    assert isinstance(r.choices[0].text, str)
+
+
+def test_stream_equals_plain(client):
+    kw = dict(model="warmllm", messages=[{"role": "user", "content": "Stream me"}], max_tokens=10, temperature=0)
+    plain = client.chat.completions.create(**kw)
+    chunks = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == (plain.choices[0].message.content or "")
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == \
+        [plain.choices[0].finish_reason]
+    assert chunks[-1].usage.completion_tokens == plain.usage.completion_tokens
+
+
+def test_completion_stream(client):
+    chunks = list(client.completions.create(model="warmllm", prompt="Once", max_tokens=5, temperature=0,
+                                            stream=True))
+    assert chunks and chunks[-1].choices[0].finish_reason in ("stop", "length")
+
+
+def test_errors_reach_the_client_as_openai_errors(client):
+    with pytest.raises(openai.BadRequestError) as ei:
+        client.chat.completions.create(model="warmllm", messages=[{"role": "user", "content": "x"}], n=2)
+    assert ei.value.status_code == 400 and ei.value.body["param"] == "n"
+    with pytest.raises(openai.APIStatusError) as ei:
+        client.chat.completions.create(model="warmllm", messages=[{"role": "user", "content": "x"}],
+                                       max_tokens=10 ** 8)
+    assert ei.value.status_code == 413 and ei.value.body["code"] == "context_length_exceeded"
+    with pytest.raises(openai.NotFoundError):
+        client.embeddings.create(model="warmllm", input="x")
