@@ -44,6 +44,7 @@ FULL = [
     "tests/test_model.py::test_session_modes",
     "tests/test_deltanet.py",
     "tests/test_arm64_neon.py",
+    "tests/test_arm_neon.py",
 ]
 CI_TARGET = "neoverse-n1"
 # CI: one target, Q4_K only where a test is per format (under emulation every kernel compiles
