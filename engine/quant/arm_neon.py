@@ -26,18 +26,19 @@ a run's two weight vectors and its scale stay in registers while the tile's toke
 
 Where they run: `paths.Target.level` is `neon-dotprod` (dotprod, e.g. neoverse-n1) or
 `neon-i8mm` (V1/V2); int8_dot's row and tile intrinsics take their block bodies from here on
-those levels (`row_block`, `tile_block`).
+those levels (`row_block`, `tile_block`). On `neon-i8mm` the prefill tiles are the `smmla`
+row-pair intrinsics at the end of this file (kernels._mm_k_smmla, _mm_q8_0_smmla).
 """
 from __future__ import annotations
 
+from gguf import GGMLQuantizationType as T
 from llvmlite import ir
+from numba import types
 from numba.core import cgutils
+from numba.extending import intrinsic
 
 from engine.quant.int8_dot import (F32, I8, I16, I32, I64, _accumulate, _array_ptr, _pair_sums, _prefetch,
                                    _q4_k_scales_mins, _vec, token_sums, token_values)
-
-# formats with an `smmla` prefill tile on the i8mm level (paths.tile_level); the others run `sdot`
-SMMLA_FORMATS: tuple = ()
 
 V16 = _vec(I8, 16)
 V4 = _vec(I32, 4)
@@ -194,3 +195,172 @@ def row_block(kind: str):
 def tile_block(kind: str):
     """The multi-token tile's block body and accumulator width (int8_dot's q*_row_dot_tile)."""
     return (q8_0_block if kind == "q8_0" else k_block(kind, with_mins=False)), 4
+
+
+# ----------------------------------------------------------------------------- i8mm (V1/V2)
+# `smmla vd.4s, vn.16b, vm.16b` adds the 2x2 product of two 2x8 int8 matrices (vn's rows times
+# vm's rows) to vd: [r0·t0, r0·t1, r1·t0, r1·t1]. Two weight rows against two tokens per
+# instruction: 32 MACs, twice an `sdot`, and the four sums land in the four result lanes, so the
+# tile needs no horizontal sum at all. Inputs are 8-byte halves of two rows (weights) and of two
+# tokens (activations) zipped into one vector (`zip1`/`zip2 .2d`).
+SMMLA = "llvm.aarch64.neon.smmla.v4i32.v16i8"
+SMMLA_FORMATS = (T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0)
+
+
+def smmla(builder, acc, a, b):
+    """acc + a (2x8, row-major) · bᵀ (b 2x8): `smmla v.4s`."""
+    return neon_call(builder, SMMLA, V4, [acc, a, b])
+
+
+def _zip64(b, u, v, high: int):
+    """[u's 8 bytes `high`, v's 8 bytes `high`] as one <16 x i8> (zip1/zip2 on .2d lanes)."""
+    o = 8 * high
+    return b.shuffle_vector(u, v, ir.Constant(_vec(I32, 16), [*range(o, o + 8), *range(16 + o, 24 + o)]))
+
+
+_Q8_0_PAIR = ("row0", "row1", "nb", "xq", "xo", "xstride", "xd", "do", "dstride", "res")
+
+
+def _q8_0_pair_codegen(context, builder, signature, args):
+    """Two Q8_0 rows times TILE tokens (int8 activations): res[r * TILE + t]."""
+    from engine.quant.int8_dot import TILE, _Row, _half_at, _store
+
+    b = builder
+    row = _Row(context, b, signature, args, _Q8_0_PAIR, TILE)
+    i64 = lambda v: ir.Constant(I64, v)  # noqa: E731
+    vf = _vec(F32, 4)
+    pairs = TILE // 2
+    accs = [cgutils.alloca_once_value(b, ir.Constant(vf, [0.0] * 4)) for _ in range(pairs)]
+    with cgutils.for_range(b, row.arg["nb"]) as loop:
+        i = b.sext(loop.index, I64) if loop.index.type.width < 64 else loop.index
+        p = b.mul(i, i64(34))
+        ws, ds = [], []
+        for name in ("row0", "row1"):
+            ptr = lambda off: _array_ptr(context, b, row.aty[name], row.arg[name], b.add(p, i64(off)), V16)  # noqa: E731
+            ws.append([b.load(ptr(2 + 16 * h), align=1) for h in range(2)])
+            ds.append(_half_at(context, b, row.aty[name], row.arg[name], p))
+            pf = cgutils.get_or_insert_function(b.module, ir.FunctionType(ir.VoidType(), [I8.as_pointer(), I32, I32, I32]),
+                                                "llvm.prefetch.p0")
+            from engine.quant.int8_dot import prefetch_bytes
+            b.call(pf, [_array_ptr(context, b, row.aty[name], row.arg[name], b.add(p, i64(prefetch_bytes())), I8),
+                        ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
+        a_mats = [_zip64(b, ws[0][h], ws[1][h], k) for h in range(2) for k in range(2)]
+        d4 = ir.Constant(vf, ir.Undefined)
+        for lane, d in enumerate((ds[0], ds[0], ds[1], ds[1])):
+            d4 = b.insert_element(d4, d, ir.Constant(I32, lane))
+        for q in range(pairs):
+            xs, xds = [], []
+            for t in (2 * q, 2 * q + 1):
+                o = b.add(row.offset("xo", "xstride", t), b.mul(i, i64(32)))
+                xs.append([row.load("xq", b.add(o, i64(16 * h)), V16, align=1) for h in range(2)])
+                xds.append(row.load("xd", b.add(row.offset("do", "dstride", t), i), F32))
+            s = ir.Constant(V4, [0] * 4)
+            for h in range(2):
+                for k in range(2):
+                    s = smmla(b, s, a_mats[2 * h + k], _zip64(b, xs[0][h], xs[1][h], k))
+            x4 = ir.Constant(vf, ir.Undefined)
+            for lane, xd in enumerate((xds[0], xds[1], xds[0], xds[1])):
+                x4 = b.insert_element(x4, xd, ir.Constant(I32, lane))
+            _accumulate_vec(b, accs[q], s, b.fmul(d4, x4))
+    for q in range(pairs):
+        acc = b.load(accs[q])
+        for lane, (r, t) in enumerate(((0, 2 * q), (0, 2 * q + 1), (1, 2 * q), (1, 2 * q + 1))):
+            _store(context, b, row.aty["res"], row.arg["res"], r * TILE + t, b.extract_element(acc, ir.Constant(I32, lane)))
+    return context.get_dummy_value()
+
+
+def _accumulate_vec(b, acc_ptr, isum, scale4):
+    """acc += float(isum) * scale4 (lane by lane)."""
+    fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(scale4.type, [scale4.type] * 3), "llvm.fma.v4f32")
+    b.store(b.call(fn, [b.sitofp(isum, scale4.type), scale4, b.load(acc_ptr)]), acc_ptr)
+
+
+@intrinsic
+def q8_0_row_pair_smmla(typingctx, row0, row1, nb, xq, xo, xstride, xd, do, dstride, res):
+    """res[r * TILE + t] = Q8_0 row r (of row0, row1) times token t's int8 Q8_0 activations
+    (values at xq[xo + t*xstride:], scales at xd[do + t*dstride:]), t < TILE: i8mm only."""
+    if xq.dtype.bitwidth != 8:
+        raise TypeError("the smmla tile takes int8 activations (kernels._q8_0_activations)")
+    return types.void(row0, row1, nb, xq, xo, xstride, xd, do, dstride, res), _q8_0_pair_codegen
+
+
+_K_PAIR = ("row", "row_b", "nb", "xq", "xo", "xstride", "xd", "do", "dstride", "xs", "so", "sstride", "res", "knobs")
+
+
+def _reduce_add(b, v):
+    fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(v.type.element, [v.type]), "llvm.vector.reduce.add.v4i32")
+    return b.call(fn, [v])
+
+
+def _k_pair_codegen(kind: str):
+    """Two K-format rows times WIDE_TILE tokens with `smmla`: res[r * WIDE_TILE + t]. Q4_K/Q5_K
+    leave their mins to the caller (as every tile); Q6_K's -32 goes through the activation sums."""
+    from engine.quant.int8_dot import WIDE_TILE, _Args, _Row, _store
+
+    per32 = kind != "q6_k"
+
+    def codegen(context, builder, signature, args):
+        b = builder
+        # two views of the arguments: "row" is row0 in the first, row1 in the second
+        swapped = ("row_b", "row", *_K_PAIR[2:])
+        views = [_Row(context, b, signature, args, _K_PAIR, WIDE_TILE), _Row(context, b, signature, args, swapped, WIDE_TILE)]
+        a = _Args(context, b, signature, args)
+        v0 = views[0]
+        i64 = lambda v: ir.Constant(I64, v)  # noqa: E731
+        vf = _vec(F32, 4)
+        pairs = WIDE_TILE // 2
+        accs = [cgutils.alloca_once_value(b, ir.Constant(vf, [0.0] * 4)) for _ in range(pairs)]
+        zero = ir.Constant(V4, [0] * 4)
+        with cgutils.for_range(b, v0.arg["nb"]) as loop:
+            i = b.sext(loop.index, I64) if loop.index.type.width < 64 else loop.index
+            blks = [unpack(kind, v, i) for v in views]
+            isums = [zero] * pairs
+            step = 2 if per32 else 1  # groups per scale
+            for k0 in range(0, 16, step):
+                mats = [(_zip64(b, blks[0].quants[k], blks[1].quants[k], 0), _zip64(b, blks[0].quants[k], blks[1].quants[k], 1))
+                        for k in range(k0, k0 + step)]
+                sv = b.shuffle_vector(blks[0].scale(k0), blks[1].scale(k0), ir.Constant(_vec(I32, 4), [0, 1, 4, 5]))
+                for q in range(pairs):
+                    s = zero
+                    for k, (lo, hi) in zip(range(k0, k0 + step), mats):
+                        xa = token_values(v0, i, 2 * q, k, 16)
+                        xb = token_values(v0, i, 2 * q + 1, k, 16)
+                        s = smmla(b, smmla(b, s, lo, _zip64(b, xa, xb, 0)), hi, _zip64(b, xa, xb, 1))
+                    isums[q] = b.add(isums[q], b.mul(s, sv))
+            for q in range(pairs):
+                ts = (2 * q, 2 * q + 1)
+                xds = [v0.load("xd", b.add(v0.offset("do", "dstride", t), i), F32) for t in ts]
+                isum = isums[q]
+                if not per32:
+                    sums = [token_sums(v0, a, i, t) for t in ts]
+                    offs = ir.Constant(V4, ir.Undefined)
+                    for lane, (r, t) in enumerate(((0, 0), (0, 1), (1, 0), (1, 1))):
+                        by = _fold(b, _pair_sums(b, sums[t], blks[r].by_sums))
+                        offs = b.insert_element(offs, _reduce_add(b, by), ir.Constant(I32, lane))
+                    isum = b.add(isum, offs)
+                scale = ir.Constant(vf, ir.Undefined)
+                for lane, (r, t) in enumerate(((0, 0), (0, 1), (1, 0), (1, 1))):
+                    scale = b.insert_element(scale, b.fmul(blks[r].d, xds[t]), ir.Constant(I32, lane))
+                _accumulate_vec(b, accs[q], isum, scale)
+        for q in range(pairs):
+            acc = b.load(accs[q])
+            for lane, (r, t) in enumerate(((0, 2 * q), (0, 2 * q + 1), (1, 2 * q), (1, 2 * q + 1))):
+                _store(context, b, v0.aty["res"], v0.arg["res"], r * WIDE_TILE + t,
+                       b.extract_element(acc, ir.Constant(I32, lane)))
+        return context.get_dummy_value()
+    return codegen
+
+
+def _k_pair_intrinsic(kind: str):
+    def typer(typingctx, row, row_b, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res, knobs):
+        sig = types.void(row, row_b, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res, knobs)
+        return sig, _k_pair_codegen(kind)
+    typer.__name__ = f"{kind}_row_pair_smmla"
+    return intrinsic(typer)
+
+
+# res[r * WIDE_TILE + t] = K row r (of row, row_b) times token t's Q8_K activations (the
+# arguments of int8_dot's q4_k_row_dot_tile with a second row): i8mm only
+q4_k_row_pair_smmla = _k_pair_intrinsic("q4_k")
+q5_k_row_pair_smmla = _k_pair_intrinsic("q5_k")
+q6_k_row_pair_smmla = _k_pair_intrinsic("q6_k")

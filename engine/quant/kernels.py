@@ -34,6 +34,7 @@ from engine.llvm_ops import bits_to_f32, half_bits_to_f32
 
 from .activations import Q8KTokens, quantize_q8_0, quantize_q8_k, quantize_q8_k_tokens, round_activations
 from . import paths
+from .arm_neon import q4_k_row_pair_smmla, q5_k_row_pair_smmla, q6_k_row_pair_smmla, q8_0_row_pair_smmla
 from .formats import get_format, quantize, row_bytes
 from .int8_dot import (KNOBS, TILE, WIDE_TILE, q4_k_row_dot, q4_k_row_dot_tile, q5_k_row_dot, q5_k_row_dot_tile,
                        q6_k_row_dot, q6_k_row_dot_tile, q8_0_row_dot, q8_0_row_dot_tile)
@@ -674,6 +675,60 @@ def _mm_q8_0_q8(w, xq16, xd, out):
                     out[t0 + t, r] = res[t]
 
 
+@njit(**_MV)
+def _mm_k_smmla(w, xq, xd, xs16, out, knobs, kind):
+    # _mm_k_q8k / _mm_q5_k_q8k on arm64's i8mm level (arm_neon.py): two rows per `smmla` tile;
+    # kind 0 Q4_K, 1 Q6_K, 2 Q5_K; Q4_K/Q5_K: out holds the mins' product on entry
+    tp = out.shape[0]
+    nb = xd.shape[0] // tp
+    cols = nb * 256
+    rows = w.shape[0]
+    for c in prange((rows + _ROW_CHUNK - 1) // _ROW_CHUNK):
+        res = np.empty(2 * WIDE_TILE, np.float32)
+        for t0 in range(0, tp, WIDE_TILE):
+            for r in range(c * _ROW_CHUNK, min(rows, (c + 1) * _ROW_CHUNK), 2):
+                r2 = min(r + 1, rows - 1)
+                if kind == 1:
+                    q6_k_row_pair_smmla(w[r], w[r2], nb, xq, t0 * cols, cols, xd, t0 * nb, nb,
+                                        xs16, t0 * cols // 16, cols // 16, res, knobs)
+                elif kind == 2:
+                    q5_k_row_pair_smmla(w[r], w[r2], nb, xq, t0 * cols, cols, xd, t0 * nb, nb,
+                                        xs16, t0 * cols // 16, cols // 16, res, knobs)
+                else:
+                    q4_k_row_pair_smmla(w[r], w[r2], nb, xq, t0 * cols, cols, xd, t0 * nb, nb,
+                                        xs16, t0 * cols // 16, cols // 16, res, knobs)
+                for t in range(WIDE_TILE):
+                    if kind == 1:
+                        out[t0 + t, r] = res[t]
+                    else:
+                        out[t0 + t, r] = res[t] - out[t0 + t, r]
+                    if r2 > r:
+                        if kind == 1:
+                            out[t0 + t, r2] = res[WIDE_TILE + t]
+                        else:
+                            out[t0 + t, r2] = res[WIDE_TILE + t] - out[t0 + t, r2]
+
+
+@njit(**_MV)
+def _mm_q8_0_smmla(w, xq, xd, out):
+    # _mm_q8_0_q8 on arm64's i8mm level (arm_neon.py): two rows per `smmla` tile (an odd last
+    # row is paired with itself and its twin result dropped); _ROW_CHUNK is even
+    tp = out.shape[0]
+    nb = xd.shape[0] // tp
+    cols = nb * 32
+    rows = w.shape[0]
+    for c in prange((rows + _ROW_CHUNK - 1) // _ROW_CHUNK):
+        res = np.empty(2 * TILE, np.float32)
+        for t0 in range(0, tp, TILE):
+            for r in range(c * _ROW_CHUNK, min(rows, (c + 1) * _ROW_CHUNK), 2):
+                r2 = min(r + 1, rows - 1)
+                q8_0_row_pair_smmla(w[r], w[r2], nb, xq, t0 * cols, cols, xd, t0 * nb, nb, res)
+                for t in range(TILE):
+                    out[t0 + t, r] = res[t]
+                    if r2 > r:
+                        out[t0 + t, r2] = res[TILE + t]
+
+
 def prepare(qtype, raw: np.ndarray, rows: int, cols: int):
     """Load-time preparation for :func:`matvec` (decoded per-block scales), or None when the
     format's kernel reads everything from the raw bytes. Pass the result as ``prepared``."""
@@ -883,7 +938,7 @@ class MatvecPlan:
         xq16 = np.zeros(tp * cols, _q8_0_activations())
         xd = np.zeros(tp * cols // 32, np.float32)
         quantize_q8_0(flat, xq16[:t * cols], xd[:t * cols // 32])
-        _mm_q8_0_q8(self.w, xq16, xd, out)
+        (_mm_q8_0_smmla if paths.tile_level(T.Q8_0) == "neon-i8mm" else _mm_q8_0_q8)(self.w, xq16, xd, out)
         return out[:t]
 
     def tokens_q8k(self, a: Q8KTokens) -> np.ndarray:
@@ -901,7 +956,10 @@ class MatvecPlan:
             mins = np.empty((self.rows, self.cols // 32), np.float32)
             _q4_k_mins(self.w, self.cols // 256, mins, 176 if self.qtype == T.Q5_K else 144)
             np.matmul(a.scaled_sums32, mins.T, out=out)
-        if self.qtype == T.Q5_K:
+        if paths.tile_level(self.qtype) == "neon-i8mm":
+            kind = {T.Q4_K: 0, T.Q6_K: 1, T.Q5_K: 2}[self.qtype]
+            _mm_k_smmla(self.w, a.q, a.d, a.sums16, out, KNOBS, kind)
+        elif self.qtype == T.Q5_K:
             _mm_q5_k_q8k(self.w, a.q, a.d, a.sums16, out, KNOBS)
         else:
             _mm_k_q8k(self.w, a.q, a.d, a.sums16, out, KNOBS, q6)

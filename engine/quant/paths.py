@@ -13,7 +13,7 @@ Levels (one kernel file each under engine/quant/):
 | `avx512bw` | Skylake-X / Cascade Lake without VNNI use | `vpmaddubsw` + `vpmaddwd`, 512-bit | `x86_avx512.py` |
 | `avxvnni` | Alder Lake+, Sierra Forest (AVX2 + VEX VNNI) | `vpdpbusd` + `vpackssdw` + `vpdpwssd`, 256-bit | `x86_avx2.py` |
 | `avx2` | Haswell+, Zen 1-3: the floor Lambda promises on x86 | `vpmaddubsw` + `vpmaddwd`, 256-bit | `x86_avx2.py` |
-| `neon-i8mm` | Graviton3/4 (Neoverse V1/V2): dotprod + i8mm | `sdot` rows and tiles | `arm_neon.py` |
+| `neon-i8mm` | Graviton3/4 (Neoverse V1/V2): dotprod + i8mm | `sdot` rows, `smmla` tiles | `arm_neon.py` |
 | `neon-dotprod` | Graviton2 (Neoverse N1): Armv8.2 + dotprod | `sdot` rows and tiles | `arm_neon.py` |
 | `portable` | arm64 without dot products, older x86 | float kernels, dequantize + BLAS | `kernels.py` |
 
@@ -125,8 +125,8 @@ def decode_path(qtype) -> str:
 
 
 def tile_level(qtype) -> str:
-    """The level whose instructions `qtype`'s multi-token tile runs: arm64's i8mm targets run the
-    `sdot` tiles until a format has an `smmla` one (arm_neon.SMMLA_FORMATS)."""
+    """The level whose instructions `qtype`'s multi-token tile runs: arm64's i8mm targets run
+    `smmla` tiles for arm_neon.SMMLA_FORMATS, `sdot` ones for any other format."""
     level = target().level
     if level == "neon-i8mm":
         from engine.quant import arm_neon

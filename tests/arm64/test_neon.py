@@ -46,7 +46,7 @@ _VEC_FLOAT = re.compile(rf"^\s*(fmla|fmul|fadd|fsub|fmls|scvtf|ucvtf|fmad|fnmsub
 _VEC_DATA = re.compile(rf"^\s*(?:(?:fcvtl2?|shll2?|ushll2?|sshll2?|uxtl2?|sxtl2?)\s+{_VREG}"
                        r"|(?:ldr|str|ldp|stp|ldur|stur)\s+q\d+|(?:ld1|st1)\s+\{{v)", re.M)
 _INT_MUL = re.compile(r"^\s*(smull2?|umull2?|smlal2?|umlal2?)\s+v\d+\.", re.M)
-_DOT = re.compile(r"^\s*(sdot|udot)\s+(?:v|z)\d+\.", re.M)
+_DOT = re.compile(r"^\s*(sdot|udot|smmla|ummla|usmmla)\s+(?:v|z)\d+\.", re.M)  # i8mm tiles: smmla
 
 
 def problems(name: str, asms: list[str], reduction: bool) -> list[str]:

@@ -84,7 +84,8 @@ def test_tiles_are_the_exact_product(qtype, tokens, cols):
 @on_arm
 @pytest.mark.parametrize("qtype", FORMATS, ids=lambda t: t.name)
 def test_arm_kernels_are_sdot_code(qtype):
-    """The decode row and the tile of each format multiply with `sdot` and prefetch the weights."""
+    """The decode row of each format multiplies with `sdot`, its tile with `sdot` or, on the i8mm
+    level where the format has one, `smmla`; both prefetch the weights."""
     from tests.asm import asm_of
 
     rows, cols = 256, 256  # big enough for the parallel kernels, not their serial twins
@@ -92,9 +93,13 @@ def test_arm_kernels_are_sdot_code(qtype):
     plan = K.MatvecPlan(qtype, raw, rows, cols)
     plan(np.ones(cols, np.float32), np.empty(rows, np.float32))
     plan.tokens(np.ones((3, cols), np.float32))
-    tile = {T.Q8_0: K._mm_q8_0_q8, T.Q5_K: K._mm_q5_k_q8k}.get(qtype, K._mm_k_q8k)
-    for kernel in (plan.kernel, tile):
+    i8mm = paths.tile_level(qtype) == "neon-i8mm"
+    if i8mm:
+        tile = K._mm_q8_0_smmla if qtype == T.Q8_0 else K._mm_k_smmla
+    else:
+        tile = {T.Q8_0: K._mm_q8_0_q8, T.Q5_K: K._mm_q5_k_q8k}.get(qtype, K._mm_k_q8k)
+    for kernel, want in ((plan.kernel, "sdot"), (tile, "smmla" if i8mm else "sdot")):
         asm = "\n".join(asm_of(kernel))
-        for op in ("sdot", "prfm"):
+        for op in (want, "prfm"):
             assert f"\t{op}\t" in asm or f" {op} " in asm, f"{kernel.__name__}: no {op}"
-        assert "smull" not in asm or "sdot" in asm
+        assert "smull" not in asm or want in asm
