@@ -104,7 +104,7 @@ def unpack(kind: str, row, i) -> NeonBlock:
                     high = b.shl(b.and_(b.lshr(qh, _c8(2 * t)) if t else qh, _c8(3)), _c8(4))
                     quants.append(b.or_(low, high))
         offset = b.mul(b.sext(s8, _vec(I16, 16)), ir.Constant(_vec(I16, 16), [-32] * 16))  # |.| <= 4096
-        return NeonBlock(quants, lambda k: _lane_splat(b, s32, k), offset, row.half(b.add(p, i64(208))), None)
+        return NeonBlock(quants, lambda k: _lane_splat(b, s32, k), offset, row.half(b.add(p, i64(208)), lane=3), None)
     words = [row.load("row", b.add(p, i64(k)), I32, align=1) for k in (4, 8, 12)]
     packed = _q4_k_scales_mins(b, *words)  # 8 scales, 8 mins (6-bit, unsigned)
     s32 = b.zext(b.shuffle_vector(packed, packed, ir.Constant(_vec(I32, 8), list(range(8)))), _vec(I32, 8))
@@ -236,7 +236,7 @@ def _q8_0_pair_codegen(context, builder, signature, args):
         p = b.mul(i, i64(34))
         ws, ds = [], []
         for name in ("row0", "row1"):
-            ptr = lambda off: _array_ptr(context, b, row.aty[name], row.arg[name], b.add(p, i64(off)), V16)  # noqa: E731
+            ptr = lambda off, name=name: _array_ptr(context, b, row.aty[name], row.arg[name], b.add(p, i64(off)), V16)  # noqa: E731
             ws.append([b.load(ptr(2 + 16 * h), align=1) for h in range(2)])
             ds.append(_half_at(context, b, row.aty[name], row.arg[name], p))
             pf = cgutils.get_or_insert_function(b.module, ir.FunctionType(ir.VoidType(), [I8.as_pointer(), I32, I32, I32]),
@@ -306,7 +306,6 @@ def _k_pair_codegen(kind: str):
         views = [_Row(context, b, signature, args, _K_PAIR, WIDE_TILE), _Row(context, b, signature, args, swapped, WIDE_TILE)]
         a = _Args(context, b, signature, args)
         v0 = views[0]
-        i64 = lambda v: ir.Constant(I64, v)  # noqa: E731
         vf = _vec(F32, 4)
         pairs = WIDE_TILE // 2
         accs = [cgutils.alloca_once_value(b, ir.Constant(vf, [0.0] * 4)) for _ in range(pairs)]
