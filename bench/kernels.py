@@ -76,9 +76,9 @@ def main(argv=None) -> None:
             plan = K.MatvecPlan(qt, raw, rows, cols)
             prep_ms = (time.perf_counter() - t0) * 1e3
             prep = plan.prepared
-            new = lambda: plan(x, out)  # noqa: E731
+            new = lambda plan=plan, x=x, out=out: plan(x, out)  # noqa: E731
             cols_out = []
-            fns = [new] + ([lambda: old.matvec(qt, raw, x, out)] if old else [])
+            fns = [new] + ([lambda qt=qt, raw=raw, x=x, out=out: old.matvec(qt, raw, x, out)] if old else [])
             for fn in fns:
                 numba.set_num_threads(1)
                 one = _rate(fn, raw.nbytes, time.process_time, args.reps)

@@ -257,7 +257,7 @@ def main() -> int:
             with_llama = True
         except ImportError:
             print("llama_cpp is not installed: printing our figures alone (python -m bench.build_llama)", file=sys.stderr)
-    receipt = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "cpu": _cpu(),
+    receipt = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "cpu": _cpu(),
                "cpu_flags": _cpu_flags(), "machine": platform.machine(), "threads": a.threads, "rounds": a.rounds,
                "runs": [], "large": a.large}
     for preset, weights in pl.runs:

@@ -149,7 +149,7 @@ def prefetch_bytes() -> int:
     return PREFETCH_INTEL if t.machine in paths.X86 and not t.cpu_name.startswith("znver") else PREFETCH
 
 
-def _prefetch(row: "_Row", p, span: int):
+def _prefetch(row: _Row, p, span: int):
     """Prefetch the `span` bytes of weights `prefetch_bytes()` past the block at row offset p."""
     b = row.b
     fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(ir.VoidType(), [I8.as_pointer(), I32, I32, I32]),
@@ -184,7 +184,7 @@ class GroupScales:
         return builder.bitcast(v, _vec(I32, len(idx) // 2))
 
 
-def _q4_k_unpack(a: "_Args", w_arg: int, p):
+def _q4_k_unpack(a: _Args, w_arg: int, p):
     """The Q4_K block at w[p]: its 8 runs of 32 quants, the <16 x i16> scale splat of each run,
     and the mins laid out against the 16 activation sums (min j in lanes 2j, 2j+1)."""
     builder = a.builder
@@ -205,7 +205,7 @@ def _q4_k_unpack(a: "_Args", w_arg: int, p):
     return quants, scales, mins, GroupScales(packed, lambda g: g // 2)
 
 
-def _q6_k_unpack(a: "_Args", w_arg: int, p, sc_arg: int, g):
+def _q6_k_unpack(a: _Args, w_arg: int, p, sc_arg: int, g):
     """The Q6_K block at w[p] (int8 scales at sc[g]): its 8 runs of 32 quants (0..63), the
     <16 x i16> scales of each run (run 4h + t: scale 8h + 2t in lanes 0-7, the next in 8-15),
     and -32 * the 16 scales, laid out against the 16 activation sums (the quants' offset)."""
@@ -235,7 +235,7 @@ def _q6_k_unpack(a: "_Args", w_arg: int, p, sc_arg: int, g):
 I64 = ir.IntType(64)
 
 
-def _sums16(a: "_Args", xs_arg: int, gx):
+def _sums16(a: _Args, xs_arg: int, gx):
     """A token's int16 sums of its activations per 16 values, xs[gx:gx+16], as <16 x i16>."""
     ptr = _array_ptr(a.context, a.builder, a.sig.args[xs_arg], a.args[xs_arg], gx, _vec(I16, 16))
     return a.builder.load(ptr, align=2)
@@ -358,7 +358,7 @@ def _accumulate(b, acc_ptr, isum, scale):
     b.store(_fma(b, b.sitofp(isum, _vec(F32, n)), _splat_f32(b, scale, n), b.load(acc_ptr)), acc_ptr)
 
 
-def k_row_block(kind: str, row: "_Row", a: "_Args", i):
+def k_row_block(kind: str, row: _Row, a: _Args, i):
     """Block i of a Q4_K / Q6_K row as eight 32-byte runs (prefetching ahead): (quants, the
     runs' scale vectors, Q4_K's mins or Q6_K's -32 offset against the activation sums, the
     GroupScales, d, Q4_K's dmin or None)."""
@@ -453,7 +453,7 @@ class WideBlock:
         self.quants, self.groups, self.d, self.offset = quants, groups, d, offset
 
 
-def wide_unpack(kind: str, row: "_Row", a: "_Args", i) -> WideBlock:
+def wide_unpack(kind: str, row: _Row, a: _Args, i) -> WideBlock:
     """Unpack block i of the row: per 32 bytes one load, broadcast to both halves of a 64-byte
     vector and shifted per 16-bit lane (`_both_halves`: one vector for two runs)."""
     b = row.b
@@ -485,19 +485,19 @@ def wide_unpack(kind: str, row: "_Row", a: "_Args", i) -> WideBlock:
     return WideBlock(quants, GroupScales(all16, lambda g: g), row.half(b.add(p, i64(208)), lane=3), offset)
 
 
-def token_sums(row: "_Row", a: "_Args", i, t: int):
+def token_sums(row: _Row, a: _Args, i, t: int):
     """Token t's int16 activation sums per 16 values of block i, <16 x i16>."""
     b = row.b
     return _sums16(a, row.ix["xs"], b.add(row.offset("so", "sstride", t), b.mul(i, ir.Constant(I64, 16))))
 
 
-def token_scale(row: "_Row", blk: WideBlock, i, t: int):
+def token_scale(row: _Row, blk: WideBlock, i, t: int):
     """d of the weight block times token t's Q8_K block scale."""
     xd = row.load("xd", row.b.add(row.offset("do", "dstride", t), i), F32)
     return row.b.fmul(blk.d, xd)
 
 
-def token_values(row: "_Row", i, t: int, c: int, nbytes: int):
+def token_values(row: _Row, i, t: int, c: int, nbytes: int):
     """Token t's int8 activations c*nbytes .. of block i, <nbytes x i8>."""
     b = row.b
     o = b.add(row.offset("xo", "xstride", t), b.mul(i, ir.Constant(I64, 256)))

@@ -376,10 +376,10 @@ def _mv_q4_k(w, x, out):
                 a2 = row[q + 64 + l]
                 a3 = row[q + 96 + l]
                 # high nibbles as (a & 0xF0) with the scale pre-divided by 16: no shifts
-                s += (d0 * _qf((a0 & 15)) * x[o + l] + d1 * _qf((a0 & 240)) * x[o + 32 + l]
-                      + d2 * _qf((a1 & 15)) * x[o + 64 + l] + d3 * _qf((a1 & 240)) * x[o + 96 + l]
-                      + d4 * _qf((a2 & 15)) * x[o + 128 + l] + d5 * _qf((a2 & 240)) * x[o + 160 + l]
-                      + d6 * _qf((a3 & 15)) * x[o + 192 + l] + d7 * _qf((a3 & 240)) * x[o + 224 + l])
+                s += (d0 * _qf(a0 & 15) * x[o + l] + d1 * _qf(a0 & 240) * x[o + 32 + l]
+                      + d2 * _qf(a1 & 15) * x[o + 64 + l] + d3 * _qf(a1 & 240) * x[o + 96 + l]
+                      + d4 * _qf(a2 & 15) * x[o + 128 + l] + d5 * _qf(a2 & 240) * x[o + 160 + l]
+                      + d6 * _qf(a3 & 15) * x[o + 192 + l] + d7 * _qf(a3 & 240) * x[o + 224 + l])
             acc += s - mins
         out[r] = acc
 
@@ -443,7 +443,7 @@ def _mv_q5_k(w, x, out):
                       + d1 * _qf((a0 & 240) | ((h & 2) << 7)) * x[o + 32 + l]
                       + d2 * _qf((a1 & 15) | ((h & 4) << 2)) * x[o + 64 + l]
                       + d3 * _qf((a1 & 240) | ((h & 8) << 5)) * x[o + 96 + l]
-                      + d4 * _qf(((a2 & 15) | (h & 16))) * x[o + 128 + l]
+                      + d4 * _qf((a2 & 15) | (h & 16)) * x[o + 128 + l]
                       + d5 * _qf((a2 & 240) | ((h & 32) << 3)) * x[o + 160 + l]
                       + d6 * _qf(((a3 & 15) << 2) | (h & 64)) * x[o + 192 + l]
                       + d7 * _qf((a3 & 240) | ((h & 128) << 1)) * x[o + 224 + l])
