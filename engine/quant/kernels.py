@@ -855,7 +855,7 @@ def has_multi_token_kernel(qtype) -> bool:
 # 93.4 (a loss, then a tie); the AVX2 tile (x86_avx2) lost per matrix, 42-45 vs 59-70 GMAC/s.
 #
 # arm64 with dot products: the `sdot` tiles at every length. Not measured (no Graviton here):
-# Arm's Neoverse N1 Software Optimization Guide (table 3.15, ASIMD) gives SDOT (16 int8 MACs)
+# Arm's Neoverse N1 Software Optimization Guide (its ASIMD integer and floating-point instruction tables) gives SDOT (16 int8 MACs)
 # and FMLA .4s (4 f32 MACs) the same throughput of 2 per cycle, so the tile does 4x the
 # multiplies per instruction of fp32 SGEMM and skips the f32 dequantization of every matrix;
 # llama.cpp runs the same `sdot` products for every prompt length there. `make bench-arm64`
