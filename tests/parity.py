@@ -26,6 +26,17 @@ def our_greedy(eng: Engine, prompt: list[int], n: int) -> list[int]:
     return greedy_from(s, s.prefill(list(prompt)).logits, n)
 
 
+def live_last_logits(path: str, prompts: list[list[int]]) -> tuple[list[np.ndarray], np.ndarray]:
+    """(ours, llama.cpp's) last-position logits of each prompt on the GGUF at `path` (the live
+    oracle tests: llama_cpp must be importable)."""
+    from bench import llama_runner
+
+    llm = llama_runner.open_llama(path)
+    eng = Engine.load(path, warm_up=False)
+    theirs = np.stack([llama_runner.last_logits(llm, p) for p in prompts])
+    return [our_last_logits(eng, p) for p in prompts], theirs
+
+
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
     a, b = a.astype(np.float64), b.astype(np.float64)
     return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))

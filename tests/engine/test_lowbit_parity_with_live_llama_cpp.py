@@ -4,18 +4,16 @@ llama-quantize itself gives each tensor."""
 import ctypes
 from dataclasses import replace
 
-import numpy as np
 import pytest
 
 llama_cpp = pytest.importorskip("llama_cpp", reason="llama_cpp not installed: run make test-oracle")
 
 from gguf import GGUFReader  # noqa: E402
 
-from engine.generate import Engine  # noqa: E402
 from engine.synthetic import factory  # noqa: E402
 from engine.synthetic.parity_cases import LOWBIT_PARITY, lowbit_bounds, logit_prompts  # noqa: E402
-from tests.oracle import llama_runner  # noqa: E402
-from tests.parity import check_logits, our_last_logits  # noqa: E402
+from bench import llama_runner  # noqa: E402
+from tests.parity import check_logits, live_last_logits  # noqa: E402
 
 pytestmark = pytest.mark.oracle
 QUANTIZABLE = ("Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L", "IQ4_XS", "IQ4_NL", "IQ3_S")  # IQ3_XXS needs an imatrix
@@ -25,11 +23,7 @@ QUANTIZABLE = ("Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L", "IQ4_XS", "IQ4_NL", "IQ3_S"
 @pytest.mark.parametrize("head", ["untied", "tied"])
 def test_live_logits_lowbit(model_factory, weights, head):
     path = model_factory("tiny", weights, 0, head)
-    llm = llama_runner.open_llama(str(path))
-    eng = Engine.load(str(path), warm_up=False)
-    prompts = logit_prompts()
-    theirs = np.stack([llama_runner.last_logits(llm, p) for p in prompts])
-    ours = [our_last_logits(eng, p) for p in prompts]
+    ours, theirs = live_last_logits(str(path), logit_prompts())
     cos, misses = lowbit_bounds(weights)
     assert check_logits(weights, ours, theirs, min_cosine=cos, argmax_misses=misses) == []
 

@@ -1,6 +1,5 @@
 """Live comparison with llama.cpp (make test-oracle): loads every parity model and more weight
 formats in llama.cpp itself, so it also proves llama.cpp accepts what the factory writes."""
-import numpy as np
 import pytest
 
 llama_cpp = pytest.importorskip("llama_cpp", reason="llama_cpp not installed: run make test-oracle")
@@ -8,7 +7,7 @@ llama_cpp = pytest.importorskip("llama_cpp", reason="llama_cpp not installed: ru
 from engine.generate import Engine  # noqa: E402
 from engine.synthetic.parity_cases import TOKENIZE_STRINGS, greedy_prompts, logit_prompts  # noqa: E402
 from bench import llama_runner  # noqa: E402
-from tests.parity import check_logits, our_greedy, our_last_logits  # noqa: E402
+from tests.parity import check_logits, live_last_logits, our_greedy  # noqa: E402
 
 pytestmark = pytest.mark.oracle
 ACCEPTANCE = ("F32", "Q8_0", "Q4_K_M")  # the formats the engine issue's acceptance names
@@ -19,11 +18,7 @@ ACCEPTANCE = ("F32", "Q8_0", "Q4_K_M")  # the formats the engine issue's accepta
 @pytest.mark.parametrize("head", ["untied", "tied"])
 def test_live_logits(model_factory, weights, head):
     path = model_factory("tiny", weights, 0, head)
-    llm = llama_runner.open_llama(str(path))
-    eng = Engine.load(str(path), warm_up=False)
-    prompts = logit_prompts()
-    theirs = np.stack([llama_runner.last_logits(llm, p) for p in prompts])
-    ours = [our_last_logits(eng, p) for p in prompts]
+    ours, theirs = live_last_logits(str(path), logit_prompts())
     if weights in ACCEPTANCE:
         assert check_logits(weights, ours, theirs) == []
     else:
