@@ -22,10 +22,10 @@ total − Σ stages is printed so a gap is visible; it is within ``TOLERANCE_MS`
 """
 from __future__ import annotations
 
-import json
-import sys
 import time
 from contextlib import contextmanager
+
+from engine.jsonlog import emit
 
 from .emf import Family, emf_block
 
@@ -50,12 +50,6 @@ INIT = Family("init", {"init_ms": "Milliseconds", "download_ms": "Milliseconds",
                        "compile_ms": "Milliseconds", "cold_starts": "Count", "init_failures": "Count"},
               ("service", "phase"))
 NO_PREFILL = "none"        # prefill_mode of a request that generated nothing (health, models, errors)
-
-
-def emit(obj: dict) -> None:
-    """One JSON object, one line, on stdout (Lambda sends stdout to CloudWatch Logs)."""
-    sys.stdout.write(json.dumps(obj, ensure_ascii=False, separators=(",", ":"), default=str) + "\n")
-    sys.stdout.flush()
 
 
 def _round(v):
