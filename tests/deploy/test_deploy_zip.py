@@ -120,7 +120,9 @@ assert r["statusCode"] == 200, r
 print("ZIP_OK", json.loads(r["body"])["usage"]["completion_tokens"])
 """
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env.update(MODEL_PATH=str(tiny_model_path), POWERTOOLS_METRICS_DISABLED="true")
+    # the artifacts carry no numba cache: the first request compiles the kernels, which on a loaded
+    # 2-core host outlasts API Gateway's 28 s; this test is about what the zip holds, not timing
+    env.update(MODEL_PATH=str(tiny_model_path), POWERTOOLS_METRICS_DISABLED="true", API_DEADLINE_S="600")
     run = subprocess.run([sys.executable, "-S", "-c", script], capture_output=True, text=True, env=env,
                          timeout=900, cwd=tmp_path)
     assert "ZIP_OK" in run.stdout, (run.stdout[-2000:], run.stderr[-4000:])
