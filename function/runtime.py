@@ -218,9 +218,9 @@ class Runtime:
                         raise unauthorized()
                 greq = None
                 if route == "chat":
-                    greq = oa.parse_chat(req.json_body())
+                    greq = oa.parse_chat(req.json_body(self.settings.limits), self.settings.limits)
                 elif route == "completion":
-                    greq = oa.parse_completion(req.json_body())
+                    greq = oa.parse_completion(req.json_body(self.settings.limits), self.settings.limits)
                 if greq is not None:
                     log.set(stream=greq.stream, max_tokens=greq.max_tokens)
             dl = deadline_mod.compute(context, req.received_epoch_ms, t_mono, api_deadline_s=self.settings.api_deadline_s,

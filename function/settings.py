@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 from engine.settings import Settings, env_str, non_negative, positive
 
+from .limits import Limits
+
 DEFAULT_API_DEADLINE_S = 28.0
 DEFAULT_MARGIN_S = 0.5
 DEFAULT_MODEL_RETRY_S = 30.0
@@ -29,6 +31,7 @@ class FunctionSettings:
     model_retry_s: float = DEFAULT_MODEL_RETRY_S    # MODEL_RETRY_S: wait before retrying a failed load
     init_budget_s: float = DEFAULT_INIT_BUDGET_S    # INIT_BUDGET_S: how long init waits for the model
     watchdog_margin_s: float = DEFAULT_WATCHDOG_MARGIN_S  # WATCHDOG_MARGIN_S: the timeout line this long before Lambda's
+    limits: Limits = field(default_factory=Limits)  # MAX_BODY_BYTES, MAX_JSON_DEPTH, ... (function/limits.py)
 
     @property
     def model_source(self) -> str | None:
@@ -48,4 +51,5 @@ class FunctionSettings:
             model_retry_s=non_negative(env, "MODEL_RETRY_S", DEFAULT_MODEL_RETRY_S),
             init_budget_s=non_negative(env, "INIT_BUDGET_S", DEFAULT_INIT_BUDGET_S),
             watchdog_margin_s=non_negative(env, "WATCHDOG_MARGIN_S", DEFAULT_WATCHDOG_MARGIN_S),
+            limits=Limits.from_env(env),
         )
