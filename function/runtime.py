@@ -209,13 +209,13 @@ class Runtime:
             with log.stage("parse_ms"):
                 req = events.normalise(event)
                 log.set(method=req.method, path=req.path)
+                authorized = self._authorized(req)
+                # with a key set, an unauthenticated caller learns nothing, not even which routes
+                # exist: 401 before 404/405 (only /health answers, in its short form)
+                if not authorized and req.path != "/health":
+                    raise unauthorized()
                 route, model_arg = route_of(req.method, req.path)
                 log.set(route=route)
-                if self.api_key and route != "health" and req.kind != "direct":
-                    auth = req.headers.get("authorization", "")
-                    token = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
-                    if not hmac.compare_digest(token.encode(), self.api_key.encode()):
-                        raise unauthorized()
                 greq = None
                 if route == "chat":
                     greq = oa.parse_chat(req.json_body(self.settings.limits), self.settings.limits)
@@ -226,7 +226,7 @@ class Runtime:
             dl = deadline_mod.compute(context, req.received_epoch_ms, t_mono, api_deadline_s=self.settings.api_deadline_s,
                                       margin_s=self.settings.deadline_margin_s)
             if route == "health":
-                status, body = self._health(dl, log, cold)
+                status, body = self._health(dl, log, cold, detailed=authorized)
                 return self._finish(log, kind, status, body, headers)
             with log.stage("load_ms"):
                 eng = self.wait_for_engine(dl.at)
@@ -259,15 +259,29 @@ class Runtime:
         log.finish(status, error_code)
         return resp
 
-    def _health(self, dl, log: RequestLog, cold: bool):
+    def _authorized(self, req: events.Request) -> bool:
+        """No key set, a direct invoke (IAM already allowed it), or the right bearer token."""
+        if not self.api_key or req.kind == "direct":
+            return True
+        auth = req.headers.get("authorization", "")
+        token = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
+        return hmac.compare_digest(token.encode(), self.api_key.encode())
+
+    def _health(self, dl, log: RequestLog, cold: bool, *, detailed: bool = True):
+        """The health body; without the API key (when one is set) only the status: the model,
+        its load error and the runtime's figures are for callers holding the key."""
         with log.stage("load_ms"):
             try:
                 eng = self.wait_for_engine(dl.at)
             except APIError as err:
+                if not detailed:
+                    return 503, {"status": "unavailable"}
                 return 503, {"status": "unavailable", "reason": self.error_public or err.message,
                              "model_source": self.settings.model_source,
                              "error": err.body()["error"]}
         log.set(model=eng.model_id)
+        if not detailed:
+            return 200, {"status": "ok"}
         f = self._init_fields
         return 200, {"status": "ok", "model": eng.model_id, "cold": cold, "warm": not cold,
                      "threads": eng.threads, "backend": eng.backend, "n_ctx": eng.n_ctx,

@@ -19,6 +19,15 @@ DEFAULT_MODEL_DIR = "/tmp/warmllm-models"
 DEFAULT_WATCHDOG_MARGIN_S = 1.0
 
 
+def _api_key(env: Mapping[str, str]) -> str | None:
+    """WARMLLM_API_KEY: unset means no key; set but blank is an error, not "auth off" (a
+    template that fills it from an empty parameter would otherwise open the API silently)."""
+    if "WARMLLM_API_KEY" in env and not env["WARMLLM_API_KEY"].strip():
+        raise ValueError("WARMLLM_API_KEY is set but empty: set it to the bearer token clients must send, "
+                         "or unset it (remove the variable) to leave the API open")
+    return env_str(env, "WARMLLM_API_KEY")
+
+
 @dataclass(frozen=True)
 class FunctionSettings:
     engine: Settings = field(default_factory=Settings)
@@ -45,7 +54,7 @@ class FunctionSettings:
             model_path=env_str(env, "MODEL_PATH"),
             model_s3_uri=env_str(env, "MODEL_S3_URI"),
             model_dir=env_str(env, "MODEL_DIR") or DEFAULT_MODEL_DIR,
-            api_key=env_str(env, "WARMLLM_API_KEY"),
+            api_key=_api_key(env),
             api_deadline_s=positive(env, "API_DEADLINE_S", DEFAULT_API_DEADLINE_S),
             deadline_margin_s=non_negative(env, "DEADLINE_MARGIN_S", DEFAULT_MARGIN_S),
             model_retry_s=non_negative(env, "MODEL_RETRY_S", DEFAULT_MODEL_RETRY_S),
