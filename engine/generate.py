@@ -5,6 +5,7 @@ template and one warm Session.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass, field
@@ -14,7 +15,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from engine import threads as threads_mod
-from engine.chat_template import TURN_START, ChatTemplate, through_role_header
+from engine.chat_template import TURN_START, ChatTemplate, TemplateError, TemplateLimitError, through_role_header
 from engine.errors import ContextOverflow, ModelLoadError
 from engine.gguf_file import GGUFFile
 from engine.quant import paths
@@ -82,6 +83,7 @@ class Engine:
         self.model = model
         self.tokenizer = tokenizer
         self.chat_template = template
+        self.chat_template_error: str | None = None    # why the model's template did not compile
         self.thread_config = thread_config
         self.n_ctx = n_ctx
         self.load_ms = load_ms
@@ -125,10 +127,17 @@ class Engine:
         except ValueError as exc:
             raise ModelLoadError(f"{path}: tokenizer: {exc}") from exc
         source = f.get("tokenizer.chat_template")
-        template = ChatTemplate(source) if source else None
+        template, template_error = None, None
+        if source:
+            try:
+                template = ChatTemplate(source, max_chars=settings.template_max_chars,
+                                        time_limit_s=settings.template_time_s)
+            except TemplateError as exc:       # chat is refused; /v1/completions still works
+                template_error = str(exc)
         limit = n_ctx or settings.n_ctx
         eng = cls(path, model, tokenizer, template, tc, min(limit, model.config.n_ctx_train), (time.perf_counter() - t0) * 1e3,
                   snapshot_store=snapshot_store, settings=settings)
+        eng.chat_template_error = template_error
         if warm_up:
             eng.warm_up()
         return eng
@@ -144,6 +153,9 @@ class Engine:
     def render_chat(self, messages: list[dict], tools: list[dict] | None = None,
                     add_generation_prompt: bool = True, **template_kwargs) -> str:
         if self.chat_template is None:
+            if self.chat_template_error:
+                raise TemplateError(f"the model's chat template cannot be used ({self.chat_template_error}); "
+                                    "send a prompt to /v1/completions instead of messages")
             raise ModelLoadError(f"{self.path} has no tokenizer.chat_template; send a prompt instead of messages")
         return self.chat_template.render(messages, tools=tools, add_generation_prompt=add_generation_prompt,
                                          **template_kwargs)
@@ -154,8 +166,10 @@ class Engine:
         given) and tokenize, keeping the warm session's tokens where the text matches them
         (see `encode_prompt`), with the message-boundary positions for checkpoints."""
         add_gen = template_kwargs.pop("add_generation_prompt", True)
-        text = self.render_chat(messages, tools=tools, add_generation_prompt=add_gen, **template_kwargs)
-        offsets = self._boundary_offsets(messages, tools, text, template_kwargs)
+        # one time limit for the prompt's render and the boundary renders together
+        with self.chat_template.budget() if self.chat_template is not None else contextlib.nullcontext():
+            text = self.render_chat(messages, tools=tools, add_generation_prompt=add_gen, **template_kwargs)
+            offsets = self._boundary_offsets(messages, tools, text, template_kwargs)
         ids, spliced = self._encode_reusing(text)
         return ChatPrompt(text, ids, self._offsets_to_positions(ids, offsets), spliced)
 
@@ -175,6 +189,8 @@ class Engine:
         for k in range(1, last_user + 2):
             try:
                 part = self.render_chat(messages[:k], tools=tools, add_generation_prompt=False, **kw)
+            except TemplateLimitError:
+                raise                   # out of budget: the request fails, not just this boundary
             except ValueError:
                 continue
             if part and text.startswith(part):
@@ -190,6 +206,8 @@ class Engine:
                 cut = a.rfind(TURN_START, 0, same)
                 if cut > 0 and text.startswith(a[:cut]):
                     offsets.add(cut)
+            except TemplateLimitError:
+                raise
             except ValueError:
                 pass
         return sorted({through_role_header(text, o) for o in offsets})

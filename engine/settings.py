@@ -21,6 +21,8 @@ DEFAULT_SNAPSHOT_EVERY = 256
 DEFAULT_SNAPSHOT_MEMORY_MB = 512.0
 DEFAULT_SNAPSHOT_DIR_MB = 10240.0
 DEFAULT_SNAPSHOT_FLUSH_S = 30.0
+DEFAULT_TEMPLATE_MAX_CHARS = 1 << 20   # engine/chat_template.py's own defaults
+DEFAULT_TEMPLATE_TIME_S = 2.0
 
 
 def env_value(env: Mapping[str, str], name: str, parse: Callable[[str], T], default: T, *,
@@ -92,6 +94,8 @@ class Settings:
     n_ctx: int = DEFAULT_N_CTX                      # WARMLLM_N_CTX (capped by the model's training context)
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK      # WARMLLM_PREFILL_CHUNK (tokens per batched forward)
     snapshots: SnapshotSettings = SnapshotSettings()
+    template_max_chars: int = DEFAULT_TEMPLATE_MAX_CHARS   # TEMPLATE_MAX_CHARS (a chat template's output)
+    template_time_s: float = DEFAULT_TEMPLATE_TIME_S       # TEMPLATE_TIME_S (rendering one chat prompt)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
@@ -101,4 +105,6 @@ class Settings:
             n_ctx=positive_int(env, "WARMLLM_N_CTX", DEFAULT_N_CTX),
             prefill_chunk=positive_int(env, "WARMLLM_PREFILL_CHUNK", DEFAULT_PREFILL_CHUNK),
             snapshots=SnapshotSettings.from_env(env),
+            template_max_chars=positive_int(env, "TEMPLATE_MAX_CHARS", DEFAULT_TEMPLATE_MAX_CHARS),
+            template_time_s=positive(env, "TEMPLATE_TIME_S", DEFAULT_TEMPLATE_TIME_S),
         )

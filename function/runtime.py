@@ -120,6 +120,8 @@ class Runtime:
             fields.update(ok=True, model_id=eng.model_id, n_ctx=eng.n_ctx, threads=eng.threads,
                           backend=eng.backend, load_ms=float(eng.load_ms), compile_ms=float(eng.compile_ms),
                           cpu=paths.summary(), kernels=eng.kernel_paths)
+            if eng.chat_template_error:        # chat is a 400 saying so; completions work
+                fields.update(chat_template_error=eng.chat_template_error)
             self.engine = eng
             self.error = None
         except Exception as exc:
@@ -293,8 +295,9 @@ class Runtime:
     # ------------------------------------------------------------------ generation
 
     def _generate(self, eng, greq: oa.GenRequest, log: RequestLog, dl):
-        from engine.generate import SamplingParams
+        from engine.chat_template import TemplateLimitError
         from engine.errors import ContextOverflow
+        from engine.generate import SamplingParams
 
         chat = greq.route == "chat"
         param = "messages" if chat else "prompt"
@@ -305,6 +308,9 @@ class Runtime:
                     # another conversation with the same system + tools resumes from a snapshot
                     prompt = eng.chat_prompt(greq.messages, tools=greq.tools, add_generation_prompt=True,
                                              **self._template_kwargs(greq))
+                except TemplateLimitError as exc:
+                    raise bad_request(f"the chat template could not render these messages within its limits: "
+                                      f"{exc}", "messages", "template_limit_exceeded") from None
                 except ValueError as exc:      # engine.chat_template.TemplateError is a ValueError
                     raise bad_request(f"the chat template rejected the messages: {exc}", "messages",
                                       "invalid_messages") from None
