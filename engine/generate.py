@@ -121,7 +121,15 @@ class Engine:
         t0 = time.perf_counter()
         tc = threads_mod.configure(threads if threads is not None else settings.threads)
         f = GGUFFile(path)
-        model = Qwen35(f)
+        try:
+            model = Qwen35(f)
+        except ModelLoadError:
+            raise
+        except (ValueError, TypeError, KeyError, IndexError, ZeroDivisionError, OverflowError) as exc:
+            # metadata of the wrong type or value (a string block_count, zero heads): the file's
+            # fault, permanent (a retry would read the same bytes)
+            raise ModelLoadError(f"{path}: the model's metadata is malformed ({type(exc).__name__}: {exc}); "
+                                 "re-download or rebuild the model") from None
         try:
             tokenizer = Tokenizer.from_gguf_metadata(f.metadata)
         except ValueError as exc:
