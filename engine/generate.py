@@ -18,6 +18,7 @@ from engine import threads as threads_mod
 from engine.chat_template import TURN_START, ChatTemplate, TemplateError, TemplateLimitError, through_role_header
 from engine.errors import ContextOverflow, ModelLoadError
 from engine.gguf_file import GGUFFile
+from engine.jsonlog import LogFn, log_event
 from engine.quant import paths
 from engine.models.qwen35 import Qwen35
 from engine.sampling import Sampler, SamplingParams
@@ -78,7 +79,8 @@ def _stop_hold(text: str, stops: Sequence[str]) -> int:
 class Engine:
     def __init__(self, path: str, model: Qwen35, tokenizer: Tokenizer, template: ChatTemplate | None,
                  thread_config: threads_mod.ThreadConfig, n_ctx: int, load_ms: float, *,
-                 snapshot_store: SnapshotStore | None = None, settings: Settings | None = None) -> None:
+                 snapshot_store: SnapshotStore | None = None, settings: Settings | None = None,
+                 log: LogFn = log_event) -> None:
         self.path = path
         self.model = model
         self.tokenizer = tokenizer
@@ -93,7 +95,7 @@ class Engine:
         self.settings = settings if settings is not None else Settings()
         # Snapshot tiers from the settings (SNAPSHOT_*, docs/snapshots.md); memory-only by default.
         self.snapshots = snapshot_store if snapshot_store is not None else SnapshotStore.from_settings(
-            self.fingerprint, state_layout(model.new_state()), self.settings.snapshots)
+            self.fingerprint, state_layout(model.new_state()), self.settings.snapshots, log=log)
         self.session = Session(model, self.settings.prefill_chunk, store=self.snapshots)
 
     @property
@@ -114,9 +116,11 @@ class Engine:
 
     @classmethod
     def load(cls, path: str, threads: int | None = None, n_ctx: int | None = None, warm_up: bool = True, *,
-             snapshot_store: SnapshotStore | None = None, settings: Settings | None = None) -> Engine:
+             snapshot_store: SnapshotStore | None = None, settings: Settings | None = None,
+             log: LogFn = log_event) -> Engine:
         """`settings` (default: `Settings()`, the defaults) come from the caller's edge, e.g.
-        `Settings.from_env(os.environ)`; `threads` and `n_ctx`, when given, win over them."""
+        `Settings.from_env(os.environ)`; `threads` and `n_ctx`, when given, win over them.
+        `log` receives the engine's events (snapshot writes and ignored snapshots)."""
         settings = settings if settings is not None else Settings()
         t0 = time.perf_counter()
         tc = threads_mod.configure(threads if threads is not None else settings.threads)
@@ -144,7 +148,7 @@ class Engine:
                 template_error = str(exc)
         limit = n_ctx or settings.n_ctx
         eng = cls(path, model, tokenizer, template, tc, min(limit, model.config.n_ctx_train), (time.perf_counter() - t0) * 1e3,
-                  snapshot_store=snapshot_store, settings=settings)
+                  snapshot_store=snapshot_store, settings=settings, log=log)
         eng.chat_template_error = template_error
         if warm_up:
             eng.warm_up()

@@ -22,10 +22,10 @@ total − Σ stages is printed so a gap is visible; it is within ``TOLERANCE_MS`
 """
 from __future__ import annotations
 
-import json
-import sys
 import time
 from contextlib import contextmanager
+
+from engine.jsonlog import emit
 
 from .emf import Family, emf_block
 
@@ -50,31 +50,6 @@ INIT = Family("init", {"init_ms": "Milliseconds", "download_ms": "Milliseconds",
                        "compile_ms": "Milliseconds", "cold_starts": "Count", "init_failures": "Count"},
               ("service", "phase"))
 NO_PREFILL = "none"        # prefill_mode of a request that generated nothing (health, models, errors)
-
-
-def _line(obj: dict) -> str:
-    text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), default=str)
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:      # a lone surrogate (a hostile path or header): escape it as \udXXX
-        text = json.dumps(obj, ensure_ascii=True, separators=(",", ":"), default=str)
-    return text
-
-
-def emit(obj: dict) -> None:
-    """One JSON object, one line, on stdout (Lambda sends stdout to CloudWatch Logs). Never
-    raises: a log line must not turn a request into an error (a value that cannot be
-    serialised leaves a line that says so, with the event name)."""
-    try:
-        text = _line(obj)
-    except Exception as exc:        # e.g. a circular value, or a default=str that raises
-        text = json.dumps({"event": str(obj.get("event", "unknown")) if isinstance(obj, dict) else "unknown",
-                           "log_error": f"{type(exc).__name__}: {exc}"}, ensure_ascii=True)
-    try:
-        sys.stdout.write(text + "\n")
-        sys.stdout.flush()
-    except Exception:               # stdout closed or unwritable: nowhere left to say it
-        pass
 
 
 def _round(v):

@@ -20,12 +20,14 @@ import traceback
 import uuid
 from typing import TYPE_CHECKING
 
+from engine.jsonlog import emit
+
 from . import deadline as deadline_mod
 from . import events
 from . import openai_schema as oa
 from .errors import APIError, bad_request, context_overflow, internal, method_not_allowed, model_unavailable, \
     not_found, unauthorized
-from .request_log import RequestLog, emit, init_line
+from .request_log import RequestLog, init_line
 from .settings import FunctionSettings
 from .tool_calls import parse_output
 from .watchdog import Watchdog

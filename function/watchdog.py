@@ -14,8 +14,9 @@ from __future__ import annotations
 import threading
 import time
 
+from engine.jsonlog import emit
+
 from .emf import Family, emf_block
-from .request_log import emit
 
 TIMEOUTS = Family("timeouts", {"timeouts": "Count"}, ("service", "route"))
 DEFAULT_MARGIN_S = 1.0

@@ -12,7 +12,7 @@ import pytest
 
 from function import limits
 from function.limits import Limits
-from function.request_log import emit
+from engine.jsonlog import emit
 from function.runtime import Runtime
 from function.settings import FunctionSettings
 
