@@ -95,7 +95,8 @@ class Engine:
         self.settings = settings if settings is not None else Settings()
         # Snapshot tiers from the settings (SNAPSHOT_*, docs/snapshots.md); memory-only by default.
         self.snapshots = snapshot_store if snapshot_store is not None else SnapshotStore.from_settings(
-            self.fingerprint, state_layout(model.new_state()), self.settings.snapshots, log=log)
+            self.fingerprint, state_layout(model.new_state()), self.settings.snapshots, log=log,
+            n_vocab=model.config.n_vocab)
         self.session = Session(model, self.settings.prefill_chunk, store=self.snapshots)
 
     @property
