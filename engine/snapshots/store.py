@@ -7,7 +7,8 @@ import atexit
 import queue
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,8 +102,11 @@ class SnapshotStore:
         self._queue: queue.Queue[_Job] = queue.Queue()
         self._pending = 0
         self._cond = threading.Condition()
-        self._released = threading.Event()
+        self._released = threading.Event()  # set: the writer may run
         self._released.set()
+        self._hold_lock = threading.Lock()
+        self._holders = 0  # writes_held() blocks open
+        self._held = False  # hold() until release()
         self._thread: threading.Thread | None = None
         self._written: set[tuple[str, Key]] = set()  # (tier, key) known present in that tier
         self._closed = False
@@ -364,12 +368,37 @@ class SnapshotStore:
             self._thread = threading.Thread(target=self._writer, name="warmllm-snapshot-writer", daemon=True)
             self._thread.start()
 
+    @contextmanager
+    def writes_held(self) -> Iterator[None]:
+        """Queued writes wait while a block is open (the prefill and the first token must not
+        share the CPU with serialising and uploading 30 MB); blocks nest, the outermost end lets
+        them go. A write already running finishes."""
+        with self._hold_lock:
+            self._holders += 1
+            self._released.clear()
+        try:
+            yield
+        finally:
+            with self._hold_lock:
+                self._holders -= 1
+                self._sync_release()
+
     def hold(self) -> None:
-        """Keep queued writes waiting (the prefill and first token must not share the CPU)."""
-        self._released.clear()
+        """Keep queued writes waiting until `release()` or `flush()` (a process about to exit
+        whose writes need not happen)."""
+        with self._hold_lock:
+            self._held = True
+            self._released.clear()
 
     def release(self) -> None:
-        self._released.set()
+        """End a `hold()`; writes run once no `writes_held()` block is open either."""
+        with self._hold_lock:
+            self._held = False
+            self._sync_release()
+
+    def _sync_release(self) -> None:
+        if self._holders == 0 and not self._held:
+            self._released.set()
 
     @property
     def pending(self) -> int:
@@ -377,8 +406,11 @@ class SnapshotStore:
             return self._pending
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every queued write has finished; False if `timeout` ran out first."""
-        self.release()
+        """Let every queued write run now, holds or not, and wait until they have finished;
+        False if `timeout` ran out first."""
+        with self._hold_lock:
+            self._held = False
+            self._released.set()
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while self._pending:

@@ -197,7 +197,7 @@ def test_dead_temp_files_are_cleaned_at_start_and_live_ones_count(tmp_path):
 
 def test_a_file_too_large_for_its_prefix_is_refused_before_reading(tmp_path):
     log = Log()
-    st = store(tmp_path, log=log)
+    st = store(tmp_path, log=log, dir_mb=8192)    # a cap above the file: eviction is not what removes it
     snap = make_snap(10, logits=True)
     path = tmp_path / FP / S.snapshot_name(key_of(snap))
     path.parent.mkdir(parents=True)
