@@ -261,6 +261,8 @@ class SnapshotStore:
             self.log("snapshot_ignored", tier=tier.name, reason="read_error", detail=error)
             self._tier_failed(tier, error)
             return None
+        if not present:
+            self._tier_ok(tier)  # it answered and holds nothing: the failures in a row are over
         for key in present:  # longest first
             data = None  # the previous candidate's buffer is freed before the next is read
             try:
