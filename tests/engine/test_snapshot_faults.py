@@ -489,3 +489,47 @@ def test_engine_answer_with_a_hanging_s3_tier_is_the_from_scratch_answer(tiny_mo
         assert got.text == want
     finally:
         hole.close()
+
+
+def test_only_failures_in_a_row_cool_a_tier_down():
+    class Flaky:
+        name = "flaky"
+
+        def __init__(self):
+            self.fail = True
+            self.asked = 0
+
+        def existing(self, keys):
+            self.asked += 1
+            if self.fail:
+                raise OSError("connection reset")
+            return []
+
+        def exists(self, key):
+            return False
+
+        def read(self, key, limit=None):
+            return None
+
+        def write(self, key, data):
+            pass
+
+        def delete(self, key):
+            return False
+
+    log = Log()
+    st = store(log=log, cooldown_s=60)
+    tier = Flaky()
+    st.slow_tiers = [tier]
+    toks = make_snap(20).tokens.tolist()
+    st.lookup(toks, [20])                  # failure 1
+    tier.fail = False
+    st.lookup(toks, [20])                  # answered (nothing stored): the run is over
+    tier.fail = True
+    st.lookup(toks, [20])                  # failure 1 again: no cool-down yet
+    assert log.of("snapshot_tier_cooldown") == [] and tier.asked == 3
+    st.lookup(toks, [20])                  # failure 2 in a row: cooling down
+    assert log.of("snapshot_tier_cooldown")[0]["error"] == "OSError: connection reset"
+    st.lookup(toks, [20])
+    assert tier.asked == 4                 # not asked while it cools down
+    assert all("connection reset" in e["detail"] for e in log.of("snapshot_ignored"))
