@@ -19,6 +19,16 @@ template expects them:
 
 The caller's messages are never modified.
 
+Bounded work: a template comes from the model file, and the sandbox blocks escapes but not
+work (``lipsum(100000)`` took 34 s, string doubling reached 3.3 GB, ``tojson(indent=10**9)``
+3 GB). Rendering therefore runs through ``Template.generate()`` with an output limit
+(``max_chars``) and a time limit (``time_limit_s``), and every place a template can make a big
+value is checked *before* it is made: the ``*``, ``+``, ``%`` and ``**`` operators, ``~``
+concatenation and ``{% set %}`` blocks, every filter and every call (integer arguments, format
+widths, ``replace``/``join`` results, ``lipsum``). A loop that makes no output is stopped by an
+exception raised in the rendering thread when the time is up (``PyThreadState_SetAsyncExc``).
+Either overrun is a :class:`TemplateLimitError` (a 400 to an API caller).
+
 Prefix property (what lets a warm session extend instead of re-prefilling): with our factory
 template (engine/synthetic/qwen35_chat_template.jinja) render(turn-1 messages + the reply) is a
 prefix of render(turn-2 messages), for plain chat, thinking on or off, and tool loops. With the
@@ -29,21 +39,241 @@ the previous reply is read again (tests/engine/test_chat_template_renders_like_j
 """
 from __future__ import annotations
 
+import ctypes
+import functools
 import json
-from collections.abc import Mapping, Sequence
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 import jinja2
 import jinja2.ext
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
-__all__ = ["ChatPrompt", "ChatTemplate", "TemplateError", "normalise_messages"]
+from engine.settings import DEFAULT_TEMPLATE_MAX_CHARS, DEFAULT_TEMPLATE_TIME_S
+
+__all__ = ["ChatPrompt", "ChatTemplate", "TemplateError", "TemplateLimitError", "normalise_messages"]
+
+# TEMPLATE_MAX_CHARS / TEMPLATE_TIME_S (engine/settings.py): 4x the largest prompt the function
+# accepts; two seconds for all the renders of one chat prompt
+DEFAULT_MAX_CHARS = DEFAULT_TEMPLATE_MAX_CHARS
+DEFAULT_TIME_LIMIT_S = DEFAULT_TEMPLATE_TIME_S
+MAX_TOJSON_INDENT = 32
 
 
 class TemplateError(ValueError):
     """The chat template cannot be compiled or rendered for these messages."""
+
+
+class TemplateLimitError(TemplateError):
+    """Rendering would exceed the output-size or time limit."""
+
+
+class _Timeout(BaseException):
+    # raised asynchronously in the rendering thread; a BaseException so that no `except
+    # Exception` in jinja's runtime or a template's callee swallows it
+    pass
+
+
+@dataclass
+class _Budget:
+    max_chars: int
+    deadline: float          # time.monotonic()
+
+    def size(self, n: int, what: str) -> None:
+        if n > self.max_chars:
+            shown = str(n) if n < 10 ** 18 else "more than 10**18"     # str() of a huge int fails
+            raise TemplateLimitError(f"chat template {what} would be {shown} characters; the limit is "
+                                     f"{self.max_chars} (TEMPLATE_MAX_CHARS)")
+
+    def clock(self) -> None:
+        if time.monotonic() > self.deadline:
+            raise TemplateLimitError("chat template rendering ran past its time limit (TEMPLATE_TIME_S)")
+
+
+_ACTIVE = threading.local()          # the budget of the render running on this thread
+
+
+def _budget() -> _Budget:
+    b = getattr(_ACTIVE, "budget", None)
+    # outside a render (a template compiled and evaluated by hand): the defaults
+    return b if b is not None else _Budget(DEFAULT_MAX_CHARS, time.monotonic() + DEFAULT_TIME_LIMIT_S)
+
+
+def _length(v: Any) -> int:
+    return len(v) if isinstance(v, (str, bytes, list, tuple, dict)) else 0
+
+
+# a run of digits in a format string (a width or precision: '%1000000000s', '{:>1000000000}')
+_DIGITS = re.compile(r"\d+")
+
+
+def _check_format_widths(fmt: Any, b: _Budget) -> None:
+    if isinstance(fmt, str):
+        for m in _DIGITS.finditer(fmt):
+            if len(m.group()) > 7 or int(m.group()) > b.max_chars:
+                b.size(int(m.group()) if len(m.group()) < 19 else 10 ** 18, "format width")
+
+
+def _check_args(args: tuple, kwargs: dict, b: _Budget) -> None:
+    for v in (*args, *kwargs.values()):
+        if isinstance(v, int) and not isinstance(v, bool) and abs(v) > b.max_chars:
+            b.size(abs(v), "argument (a width or count)")
+
+
+def _check_join(items: Any, sep: str, b: _Budget) -> None:
+    if isinstance(items, (list, tuple)):
+        total = len(sep) * max(0, len(items) - 1)
+        for item in items:
+            total += len(item) if isinstance(item, str) else 16
+            if total > b.max_chars:
+                b.size(total, "join")
+
+
+def _check_replace(s: Any, old: Any, new: Any, b: _Budget) -> None:
+    if isinstance(s, str) and isinstance(old, str) and isinstance(new, str):
+        n = s.count(old) if old else len(s) + 1
+        b.size(len(s) + n * (len(new) - len(old)), "replace")
+
+
+def _checked_call(fn: Callable, name: str, args: tuple, kwargs: dict) -> Any:
+    """Call a filter, a global or a method of a value with the budget's checks around it."""
+    b = _budget()
+    b.clock()
+    _check_args(args, kwargs, b)
+    if name in ("replace",) and len(args) >= 3:
+        _check_replace(args[0], args[1], args[2], b)
+    elif name == "format" or name == "format_map":
+        _check_format_widths(args[0] if args else None, b)
+    elif name == "join" and args:
+        _check_join(args[0], args[1] if len(args) > 1 and isinstance(args[1], str) else "", b)
+    out = fn(*args, **kwargs)
+    b.size(_length(out), f"{name}() result")
+    return out
+
+
+def _bounded_filter(name: str, fn: Callable) -> Callable:
+    @functools.wraps(fn)          # keeps jinja's pass_context / pass_eval_context marker
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        # pass_* filters get (context|eval_ctx, value, ...): the value is the 2nd argument then
+        vals = args[1:] if getattr(fn, "jinja_pass_arg", None) is not None else args
+        if name == "replace" and len(vals) >= 3:
+            _check_replace(vals[0], vals[1], vals[2], _budget())
+        if name == "format" and vals:
+            _check_format_widths(vals[0], _budget())
+        if name == "join" and vals:
+            _check_join(list(vals[0]) if isinstance(vals[0], (list, tuple)) else None,
+                        vals[1] if len(vals) > 1 and isinstance(vals[1], str) else "", _budget())
+        return _checked_call(fn, name, args, kwargs)
+    return wrapper
+
+
+def _str_join(seq: Any) -> str:
+    # jinja's ``~`` (and its str_join) with the size checked before the string is made
+    items = [str(x) for x in seq]
+    b = _budget()
+    b.size(sum(len(x) for x in items), "concatenation")
+    return "".join(items)
+
+
+def _concat(pieces: Any) -> str:
+    # environment.concat: a {% set %} block, a macro's or caller's output
+    b = _budget()
+    out, n = [], 0
+    for piece in pieces:
+        n += len(piece)
+        b.size(n, "block output")
+        out.append(piece)
+    return "".join(out)
+
+
+class _BoundedSandbox(ImmutableSandboxedEnvironment):
+    """The transformers-like sandbox with every value-making operation checked against the
+    running render's budget."""
+
+    intercepted_binops = frozenset({"*", "+", "%", "**"})
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        b = _budget()
+        b.clock()
+        if operator == "*":
+            for seq, n in ((left, right), (right, left)):
+                if isinstance(n, int) and _length(seq):
+                    b.size(_length(seq) * max(n, 0), "repetition")
+            if isinstance(left, int) and isinstance(right, int):
+                b.size((left.bit_length() + right.bit_length()) // 3, "integer product (digits)")
+        elif operator == "+":
+            b.size(_length(left) + _length(right), "sum")
+        elif operator == "%" and isinstance(left, str):
+            _check_format_widths(left, b)
+            _check_args(right if isinstance(right, tuple) else (right,), {}, b)
+        elif operator == "**" and isinstance(left, int) and isinstance(right, int) and abs(left) > 1:
+            b.size(int(right * abs(left).bit_length() * 0.30103), "power (digits)")
+        out = super().call_binop(context, operator, left, right)
+        b.size(_length(out), f"{operator!r} result")
+        return out
+
+    def wrap_str_format(self, value: Any) -> Callable[..., str] | None:
+        # str.format / format_map are wrapped when the attribute is read: check the widths then
+        if getattr(value, "__name__", None) in ("format", "format_map"):
+            _check_format_widths(getattr(value, "__self__", None), _budget())
+        return super().wrap_str_format(value)
+
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
+        if not __self.is_safe_callable(__obj):
+            raise SecurityError(f"{__obj!r} is not safely callable")
+        name = getattr(__obj, "__name__", "")
+        owner = getattr(__obj, "__self__", None)
+        if isinstance(owner, str):      # a method of a string: its own text is the first argument
+            b = _budget()
+            if name == "replace" and len(args) >= 2:
+                _check_replace(owner, args[0], args[1], b)
+            elif name in ("format", "format_map"):
+                _check_format_widths(owner, b)
+            elif name == "join" and args:
+                _check_join(list(args[0]) if isinstance(args[0], (list, tuple)) else None, owner, b)
+        return _checked_call(lambda *a, **k: __context.call(__obj, *a, **k), name, args, kwargs)
+
+
+def _lipsum(n: int = 5, html: bool = True, min: int = 20, max: int = 100) -> str:
+    # jinja's lipsum, with the words it would write checked first (lipsum(100000) took 34 s)
+    from jinja2.utils import generate_lorem_ipsum
+    b = _budget()
+    b.size(int(n) * int(max) * 8, "lipsum")
+    return str(generate_lorem_ipsum(n=n, html=html, min=min, max=max))
+
+
+class _AsyncStop:
+    """Raises `_Timeout` in this thread at `deadline` unless disarmed first (for a loop that
+    calls nothing the checks above see). Disarming clears an exception still pending."""
+
+    def __init__(self, deadline: float) -> None:
+        self._tid = threading.get_ident()
+        self._lock = threading.Lock()
+        self._armed = True
+        self._fired = False
+        self._timer = threading.Timer(max(0.0, deadline - time.monotonic()), self._fire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _fire(self) -> None:
+        with self._lock:
+            if self._armed:
+                self._fired = True
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._tid), ctypes.py_object(_Timeout))
+
+    def disarm(self) -> None:
+        self._timer.cancel()
+        with self._lock:
+            if self._armed:
+                self._armed = False
+                if self._fired:         # fired but maybe not yet raised: clear it
+                    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._tid), None)
 
 
 def _raise_exception(message: str) -> None:
@@ -53,8 +283,15 @@ def _raise_exception(message: str) -> None:
 def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
             separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
     # transformers' filter: json.dumps with these defaults, returned as plain text.
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent,
-                      separators=separators, sort_keys=sort_keys)
+    if isinstance(indent, int) and not 0 <= indent <= MAX_TOJSON_INDENT:
+        raise TemplateLimitError(f"tojson indent={indent} is out of range (0 to {MAX_TOJSON_INDENT})")
+    if isinstance(indent, str) and len(indent) > MAX_TOJSON_INDENT:
+        raise TemplateLimitError(f"tojson indent is a string of {len(indent)} characters (at most {MAX_TOJSON_INDENT})")
+    try:
+        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent,
+                          separators=separators, sort_keys=sort_keys)
+    except RecursionError:
+        raise TemplateError("tojson: the value nests too deeply") from None
 
 
 def _strftime_now(fmt: str) -> str:
@@ -129,14 +366,17 @@ def normalise_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, 
 
 
 def _environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(
+    env = _BoundedSandbox(
         trim_blocks=True,
         lstrip_blocks=True,
         extensions=[jinja2.ext.loopcontrols],
     )
     env.filters["tojson"] = _tojson
+    env.filters = {name: _bounded_filter(name, fn) for name, fn in env.filters.items()}
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
+    env.globals["lipsum"] = _lipsum
+    env.concat = _concat  # type: ignore[method-assign]
     return env
 
 
@@ -181,16 +421,39 @@ def through_role_header(text: str, offset: int) -> int:
 
 
 class ChatTemplate:
-    """A compiled chat template. ``TemplateError`` if ``source`` is not valid Jinja."""
+    """A compiled chat template. ``TemplateError`` if ``source`` is not valid Jinja.
+    `max_chars` / `time_limit_s` bound each render (``budget()`` shares one deadline across
+    several renders)."""
 
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, *, max_chars: int = DEFAULT_MAX_CHARS,
+                 time_limit_s: float = DEFAULT_TIME_LIMIT_S) -> None:
         if not isinstance(source, str) or not source.strip():
             raise TemplateError("chat template source is empty")
         self.source = source
+        self.max_chars = max_chars
+        self.time_limit_s = time_limit_s
         try:
-            self._template = _environment().from_string(source)
+            template = _environment().from_string(source)
         except jinja2.TemplateSyntaxError as e:
             raise TemplateError(f"chat template does not compile: {e.message} (line {e.lineno})") from None
+        except Exception as e:      # RecursionError from a deeply nested source, MemoryError ...
+            raise TemplateError(f"chat template does not compile: {type(e).__name__}: {e}") from None
+        # ``~`` compiles to the module-level str_join jinja imports into the template's namespace
+        template.root_render_func.__globals__["str_join"] = _str_join
+        self._template = template
+
+    @contextmanager
+    def budget(self) -> Iterator[None]:
+        """One time limit for every render inside (a chat prompt renders once per message
+        boundary too); renders outside a budget get `time_limit_s` each."""
+        if getattr(_ACTIVE, "shared", None) is not None:
+            yield
+            return
+        _ACTIVE.shared = time.monotonic() + self.time_limit_s
+        try:
+            yield
+        finally:
+            _ACTIVE.shared = None
 
     def render(
         self,
@@ -204,11 +467,33 @@ class ChatTemplate:
         context["messages"] = normalise_messages(messages)
         context["tools"] = list(tools) if tools is not None else None
         context["add_generation_prompt"] = add_generation_prompt
+        shared = getattr(_ACTIVE, "shared", None)
+        deadline = shared if shared is not None else time.monotonic() + self.time_limit_s
+        budget = _Budget(self.max_chars, deadline)
         try:
-            return self._template.render(**context)
+            return self._bounded_render(context, budget)
         except TemplateError:
             raise
+        except _Timeout:
+            raise TemplateLimitError("chat template rendering ran past its time limit (TEMPLATE_TIME_S)") from None
         except jinja2.TemplateError as e:  # includes the sandbox's SecurityError
             raise TemplateError(f"chat template failed: {e.message or type(e).__name__}") from None
         except Exception as e:  # TypeError, OverflowError (sandbox range cap), RecursionError ...
             raise TemplateError(f"chat template failed: {type(e).__name__}: {e}") from None
+
+    def _bounded_render(self, context: dict, budget: _Budget) -> str:
+        _ACTIVE.budget = budget
+        stop = _AsyncStop(budget.deadline)
+        try:
+            budget.clock()
+            out: list[str] = []
+            n = 0
+            for piece in self._template.generate(**context):
+                n += len(piece)
+                budget.size(n, "output")
+                budget.clock()
+                out.append(piece)
+            return "".join(out)
+        finally:
+            stop.disarm()
+            _ACTIVE.budget = None

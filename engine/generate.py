@@ -5,6 +5,7 @@ template and one warm Session.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -14,7 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from engine import threads as threads_mod
-from engine.chat_template import TURN_START, ChatPrompt, ChatTemplate, opens_reasoning, through_role_header
+from engine.chat_template import (TURN_START, ChatPrompt, ChatTemplate, TemplateError, TemplateLimitError,
+                                   opens_reasoning, through_role_header)
 from engine.errors import ContextOverflow, ModelLoadError
 from engine.gguf_file import GGUFFile
 from engine.jsonlog import LogFn, log_event
@@ -70,6 +72,7 @@ class Engine:
         self.model = model
         self.tokenizer = tokenizer
         self.chat_template = template
+        self.chat_template_error: str | None = None    # why the model's template did not compile
         self.thread_config = thread_config
         self.n_ctx = n_ctx
         self.load_ms = load_ms
@@ -79,7 +82,8 @@ class Engine:
         self.settings = settings if settings is not None else Settings()
         # Snapshot tiers from the settings (SNAPSHOT_*, docs/snapshots.md); memory-only by default.
         self.snapshots = snapshot_store if snapshot_store is not None else SnapshotStore.from_settings(
-            self.fingerprint, state_layout(model.new_state()), self.settings.snapshots, log=log)
+            self.fingerprint, state_layout(model.new_state()), self.settings.snapshots, log=log,
+            n_vocab=model.config.n_vocab)
         self.session = Session(model, self.settings.prefill_chunk, store=self.snapshots)
 
     @property
@@ -109,16 +113,31 @@ class Engine:
         t0 = time.perf_counter()
         tc = threads_mod.configure(threads if threads is not None else settings.threads)
         f = GGUFFile(path)
-        model = Qwen35(f)
+        try:
+            model = Qwen35(f)
+        except ModelLoadError:
+            raise
+        except (ValueError, TypeError, KeyError, IndexError, ZeroDivisionError, OverflowError) as exc:
+            # metadata of the wrong type or value (a string block_count, zero heads): the file's
+            # fault, permanent (a retry would read the same bytes)
+            raise ModelLoadError(f"{path}: the model's metadata is malformed ({type(exc).__name__}: {exc}); "
+                                 "re-download or rebuild the model") from None
         try:
             tokenizer = Tokenizer.from_gguf_metadata(f.metadata)
         except ValueError as exc:
             raise ModelLoadError(f"{path}: tokenizer: {exc}") from exc
         source = f.get("tokenizer.chat_template")
-        template = ChatTemplate(source) if source else None
+        template, template_error = None, None
+        if source:
+            try:
+                template = ChatTemplate(source, max_chars=settings.template_max_chars,
+                                        time_limit_s=settings.template_time_s)
+            except TemplateError as exc:       # chat is refused; /v1/completions still works
+                template_error = str(exc)
         limit = n_ctx or settings.n_ctx
         eng = cls(path, model, tokenizer, template, tc, min(limit, model.config.n_ctx_train), (time.perf_counter() - t0) * 1e3,
                   snapshot_store=snapshot_store, settings=settings, log=log)
+        eng.chat_template_error = template_error
         if warm_up:
             eng.warm_up()
         return eng
@@ -134,6 +153,9 @@ class Engine:
     def render_chat(self, messages: list[dict], tools: list[dict] | None = None,
                     add_generation_prompt: bool = True, **template_kwargs) -> str:
         if self.chat_template is None:
+            if self.chat_template_error:
+                raise TemplateError(f"the model's chat template cannot be used ({self.chat_template_error}); "
+                                    "send a prompt to /v1/completions instead of messages")
             raise ModelLoadError(f"{self.path} has no tokenizer.chat_template; send a prompt instead of messages")
         return self.chat_template.render(messages, tools=tools, add_generation_prompt=add_generation_prompt,
                                          **template_kwargs)
@@ -144,9 +166,11 @@ class Engine:
         matches them (see `encode_prompt`), with the message-boundary positions for checkpoints
         and whether the generation prompt opened a reasoning block. `template_kwargs`
         (``enable_thinking=False`` ...) go to the template."""
-        text = self.render_chat(messages, tools=tools, add_generation_prompt=add_generation_prompt,
-                                **template_kwargs)
-        offsets = self._boundary_offsets(messages, tools, text, template_kwargs)
+        # one time limit for the prompt's render and the boundary renders together
+        with self.chat_template.budget() if self.chat_template is not None else contextlib.nullcontext():
+            text = self.render_chat(messages, tools=tools, add_generation_prompt=add_generation_prompt,
+                                    **template_kwargs)
+            offsets = self._boundary_offsets(messages, tools, text, template_kwargs)
         ids, spliced = self._encode_reusing(text)
         return ChatPrompt(text, ids, self._offsets_to_positions(ids, offsets), spliced,
                           opens_reasoning=add_generation_prompt and opens_reasoning(text))
@@ -167,6 +191,8 @@ class Engine:
         for k in range(1, last_user + 2):
             try:
                 part = self.render_chat(messages[:k], tools=tools, add_generation_prompt=False, **kw)
+            except TemplateLimitError:
+                raise                   # out of budget: the request fails, not just this boundary
             except ValueError:
                 continue
             if part and text.startswith(part):
@@ -182,6 +208,8 @@ class Engine:
                 cut = a.rfind(TURN_START, 0, same)
                 if cut > 0 and text.startswith(a[:cut]):
                     offsets.add(cut)
+            except TemplateLimitError:
+                raise
             except ValueError:
                 pass
         return sorted({through_role_header(text, o) for o in offsets})

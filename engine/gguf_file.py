@@ -11,6 +11,7 @@ same format in well under a second; tests check it against GGUFReader on every f
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import struct
 from dataclasses import dataclass
@@ -48,18 +49,43 @@ class TensorView:
         return int(self.data.nbytes)
 
 
+# Caps checked before anything is allocated (a header claiming a million tensors took 27 s and
+# 1.2 GB to parse in full). Real Qwen3.5 files: < 1,000 tensors, ~40 keys, 248k-entry arrays.
+MAX_TENSORS = 65_536
+MAX_KV = 65_536
+MAX_ARRAY_LEN = 1 << 24
+MAX_ARRAY_DEPTH = 4             # GGUF allows arrays of arrays; nobody nests them deeper
+MAX_KEY_BYTES = 65_536
+MAX_STRING_BYTES = 64 << 20     # a chat template is ~20 KB; a string this long is damage
+MAX_ALIGNMENT = 1 << 20
+# the smallest encoding of one element: a string is its 8-byte length, an array its 12-byte header
+_MIN_SIZE = {_STRING: 8, _ARRAY: 12}
+
+
+class _Malformed(Exception):
+    """A header field that breaks the format; `GGUFFile` turns it into a ModelLoadError."""
+
+
 class _Cursor:
     def __init__(self, buf: memoryview) -> None:
         self.buf = buf
         self.pos = 0
 
+    def left(self) -> int:
+        return len(self.buf) - self.pos
+
     def scalar(self, code: str) -> Any:
+        size = struct.calcsize(code)
+        if self.pos + size > len(self.buf):
+            raise struct.error("the header runs past the end of the file")
         v = struct.unpack_from(code, self.buf, self.pos)[0]
-        self.pos += struct.calcsize(code)
+        self.pos += size
         return v
 
-    def string(self) -> str:
+    def string(self, cap: int = MAX_STRING_BYTES) -> str:
         n = self.scalar("<Q")
+        if n > cap:
+            raise _Malformed(f"a string of {n} bytes (at most {cap})")
         end = self.pos + n
         if end > len(self.buf):
             raise struct.error("string runs past the end of the file")
@@ -67,31 +93,38 @@ class _Cursor:
         self.pos = end
         return s
 
-    def value(self, vtype: int) -> Any:
+    def value(self, vtype: int, depth: int = 0) -> Any:
         if vtype == _STRING:
             return self.string()
         if vtype == _ARRAY:
+            if depth >= MAX_ARRAY_DEPTH:
+                raise _Malformed(f"arrays nested more than {MAX_ARRAY_DEPTH} deep")
             etype = self.scalar("<I")
             count = self.scalar("<Q")
+            if etype not in _SCALARS and etype not in _MIN_SIZE:
+                raise _Malformed(f"an array of unknown value type {etype}")
+            min_size = _MIN_SIZE.get(etype) or struct.calcsize(_SCALARS[etype][0])
+            if count > MAX_ARRAY_LEN or count * min_size > self.left():
+                raise _Malformed(f"an array of {count} elements (at most {MAX_ARRAY_LEN}, and "
+                                 f"{self.left()} bytes are left in the file)")
             if etype == _STRING:
                 return [self.string() for _ in range(count)]
             if etype in _SCALARS:
                 dt = np.dtype(_SCALARS[etype][1])
                 end = self.pos + count * dt.itemsize
-                if end > len(self.buf):
-                    raise struct.error("array runs past the end of the file")
                 arr = np.frombuffer(self.buf, dtype=dt, count=count, offset=self.pos)
                 self.pos = end
                 return arr.astype(bool).tolist() if etype == _BOOL else arr.tolist()
-            return [self.value(etype) for _ in range(count)]
+            return [self.value(etype, depth + 1) for _ in range(count)]
         if vtype in _SCALARS:
             v = self.scalar(_SCALARS[vtype][0])
             return bool(v) if vtype == _BOOL else v
-        raise ValueError(f"unknown GGUF value type {vtype}")
+        raise _Malformed(f"unknown GGUF value type {vtype}")
 
 
 class GGUFFile:
-    """A memory-mapped GGUF: `metadata` (key → Python value) and `tensor(name)` views."""
+    """A memory-mapped GGUF: `metadata` (key → Python value) and `tensor(name)` views. Every
+    malformed file is a ModelLoadError naming the field (permanent: retrying cannot fix it)."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
@@ -104,49 +137,75 @@ class GGUFFile:
             raise ModelLoadError(f"{self.path} is not a GGUF file (starts with {magic!r}, expected b'GGUF')")
         self.file_size = size
         self._mm = np.memmap(self.path, dtype=np.uint8, mode="r")
+        self._field = "the header"
         try:
             self._parse(memoryview(self._mm))  # type: ignore[arg-type]  # numpy: buffer typed for 3.12+
-        except (struct.error, ValueError, OverflowError, UnicodeDecodeError) as exc:
+        except ModelLoadError:
+            raise
+        except _Malformed as exc:
+            raise ModelLoadError(f"{self.path}: GGUF {self._field} is malformed: {exc} — "
+                                 "re-download or rebuild the model") from None
+        except (struct.error, ValueError, OverflowError, UnicodeDecodeError, TypeError, RecursionError,
+                ZeroDivisionError) as exc:
             raise ModelLoadError(
-                f"{self.path} is truncated or its GGUF header is damaged ({exc}); "
+                f"{self.path} is truncated or its GGUF header is damaged at {self._field} ({exc}); "
                 f"file size {size} bytes — re-download or rebuild the model"
             ) from None
 
     def _parse(self, buf: memoryview) -> None:
         c = _Cursor(buf)
         c.pos = 4
+        self._field = "version"
         self.version = c.scalar("<I")
         if self.version not in (2, 3):
             raise ModelLoadError(f"{self.path}: GGUF version {self.version} is not supported (2 and 3 are)")
+        self._field = "tensor count"
         n_tensors = c.scalar("<Q")
+        self._field = "metadata count"
         n_kv = c.scalar("<Q")
-        if n_tensors > 1_000_000 or n_kv > 1_000_000:
-            raise ValueError(f"implausible counts: {n_tensors} tensors, {n_kv} keys")
+        # each key is at least 12 bytes (length + value type), each tensor entry at least 24
+        if n_tensors > MAX_TENSORS or n_tensors * 24 > c.left():
+            self._field = "tensor count"
+            raise _Malformed(f"{n_tensors} tensors (at most {MAX_TENSORS}, and the file has room for "
+                             f"{c.left() // 24})")
+        if n_kv > MAX_KV or n_kv * 12 > c.left():
+            raise _Malformed(f"{n_kv} metadata keys (at most {MAX_KV}, and the file has room for {c.left() // 12})")
         self.metadata: dict[str, Any] = {}
-        for _ in range(n_kv):
-            key = c.string()
+        for i in range(n_kv):
+            self._field = f"metadata key #{i}"
+            key = c.string(MAX_KEY_BYTES)
+            self._field = f"metadata value {key!r}"
             self.metadata[key] = c.value(c.scalar("<I"))
         infos = []
-        for _ in range(n_tensors):
-            name = c.string()
+        for i in range(n_tensors):
+            self._field = f"tensor entry #{i}"
+            name = c.string(MAX_KEY_BYTES)
+            self._field = f"tensor {name!r}"
             n_dims = c.scalar("<I")
             if n_dims > 8:
-                raise ValueError(f"tensor {name!r} claims {n_dims} dimensions")
+                raise _Malformed(f"{n_dims} dimensions (at most 8)")
             dims = [c.scalar("<Q") for _ in range(n_dims)]
             raw_type = c.scalar("<I")
             offset = c.scalar("<Q")
             infos.append((name, dims, raw_type, offset))
-        align = int(self.metadata.get("general.alignment", DEFAULT_ALIGNMENT))
+        self._field = "metadata value 'general.alignment'"
+        align = self.metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+        if isinstance(align, bool) or not isinstance(align, int) or not 0 < align <= MAX_ALIGNMENT \
+                or align & (align - 1):
+            raise _Malformed(f"{align!r:.40} is not a power of two from 1 to {MAX_ALIGNMENT}")
         data_start = (c.pos + align - 1) // align * align
         self._tensors: dict[str, TensorView] = {}
         for name, dims, raw_type, offset in infos:
+            self._field = f"tensor {name!r}"
             try:
                 qtype = GGMLQuantizationType(raw_type)
                 block, type_size = GGML_QUANT_SIZES[qtype]
             except (ValueError, KeyError):
                 raise ModelLoadError(f"{self.path}: tensor {name} has unknown type id {raw_type}") from None
             shape = tuple(int(d) for d in reversed(dims))
-            n_elems = int(np.prod(shape)) if shape else 1
+            if any(d == 0 for d in shape):
+                raise _Malformed(f"shape {shape} has a zero dimension")
+            n_elems = math.prod(shape) if shape else 1      # Python ints: no int64 wrap-around
             if shape and shape[-1] % block:
                 raise ModelLoadError(f"{self.path}: tensor {name} row length {shape[-1]} is not a multiple of "
                                      f"the {qtype.name} block size {block}")
@@ -159,7 +218,7 @@ class GGUFFile:
                 )
             raw = self._mm[start:start + n_bytes]
             if len(shape) >= 2:
-                raw = raw.reshape(int(np.prod(shape[:-1])), -1)
+                raw = raw.reshape(math.prod(shape[:-1]), -1)
             self._tensors[name] = TensorView(name, qtype, shape, raw, start)
 
     @property

@@ -19,12 +19,30 @@ LogFn = Callable[..., None]  # log(event, **fields)
 _lock = threading.Lock()
 
 
+def _line(obj: dict) -> str:
+    text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), default=str)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:      # a lone surrogate (a hostile path or header): escape it as \udXXX
+        text = json.dumps(obj, ensure_ascii=True, separators=(",", ":"), default=str)
+    return text
+
+
 def emit(obj: dict) -> None:
-    """One JSON object, one line, on stdout."""
-    line = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), default=str)
+    """One JSON object, one line, on stdout. Never raises: a log line must not turn a request
+    into an error (a value that cannot be serialised leaves a line that says so, with the
+    event name)."""
+    try:
+        line = _line(obj)
+    except Exception as exc:        # e.g. a circular value, or a default=str that raises
+        line = json.dumps({"event": str(obj.get("event", "unknown")) if isinstance(obj, dict) else "unknown",
+                           "log_error": f"{type(exc).__name__}: {exc}"}, ensure_ascii=True)
     with _lock:  # the snapshot writer thread logs while the request thread does
-        sys.stdout.write(line + "\n")
-        sys.stdout.flush()
+        try:
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
+        except Exception:           # stdout closed or unwritable: nowhere left to say it
+            pass
 
 
 def log_event(event: str, **fields: Any) -> None:

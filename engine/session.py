@@ -24,7 +24,7 @@ import numpy as np
 
 from engine.settings import DEFAULT_PREFILL_CHUNK
 from engine.models.qwen35 import Qwen35
-from engine.snapshots import Snapshot, SnapshotStore, prefix_hashes
+from engine.snapshots import Restored, Snapshot, SnapshotStore, prefix_hashes
 from engine.state import State
 
 MIN_SEGMENT = 8  # checkpoints closer than this to the previous one are skipped (memory for little reuse)
@@ -122,15 +122,14 @@ class Session:
             # Extending is already cheap: only a longer checkpoint in memory beats it.
             hit = self.store.lookup(prompt, candidates, min_len=start + 1, slow=not can_extend)
             if hit is not None:
-                t1 = time.perf_counter()
-                snap = hit.snapshot
-                # Stored states are shared (frozen in memory): continue from a fork, no copy.
-                self.state = snap.state.fork()
-                self.tokens = prompt[:snap.n_tokens]
-                self.last_logits = None if snap.logits is None else np.array(snap.logits, copy=True)
-                tier, snap_bytes = hit.tier, hit.nbytes
-                restore_ms = hit.ms + (time.perf_counter() - t1) * 1e3
-                mode, start = f"snapshot_{hit.tier}", snap.n_tokens
+                try:
+                    return self._from_snapshot(hit, prompt, boundaries, t0)
+                except Exception as exc:
+                    # any failure applying a stored state is the snapshot's fault (a valid
+                    # checksum is not valid content): repaired, and this prompt prefilled from
+                    # scratch, so the answer is the from-scratch answer
+                    self.store.fault(hit, exc)
+                    mode, start = "batched", 0
         if mode == "batched":
             self.reset()
         if start == n:
@@ -141,6 +140,30 @@ class Session:
         logits, cp_bytes, cp_ms = self._run(prompt, start, cps)
         return PrefillResult(mode, start, n - start, (time.perf_counter() - t0) * 1e3, restore_ms, logits,
                              tier, snap_bytes, cps, cp_bytes, cp_ms)
+
+    def _from_snapshot(self, hit: Restored, prompt: list[int], boundaries: Sequence[int],
+                       t0: float) -> PrefillResult:
+        """Continue from a restored snapshot: its state (forked), then the rest of the prompt."""
+        n = len(prompt)
+        t1 = time.perf_counter()
+        snap = hit.snapshot
+        # Stored states are shared (frozen in memory): continue from a fork, no copy.
+        self.state = snap.state.fork()
+        self.tokens = prompt[:snap.n_tokens]
+        self.last_logits = None if snap.logits is None else np.array(snap.logits, copy=True)
+        restore_ms = hit.ms + (time.perf_counter() - t1) * 1e3
+        mode, start = f"snapshot_{hit.tier}", snap.n_tokens
+        if start == n:
+            if self.last_logits is None or not np.isfinite(self.last_logits).all():
+                raise ValueError("the restored snapshot of the whole prompt has no usable logits")
+            return PrefillResult(mode, n, 0, (time.perf_counter() - t0) * 1e3, restore_ms, self.last_logits,
+                                 hit.tier, hit.nbytes)
+        cps = checkpoint_positions(n, start, boundaries, self.every)
+        logits, cp_bytes, cp_ms = self._run(prompt, start, cps)
+        if not np.isfinite(logits).all():
+            raise ValueError("the prefill continued from the restored snapshot gave non-finite logits")
+        return PrefillResult(mode, start, n - start, (time.perf_counter() - t0) * 1e3, restore_ms, logits,
+                             hit.tier, hit.nbytes, cps, cp_bytes, cp_ms)
 
     def step(self, token: int) -> np.ndarray:
         """Decode: one token through the model (the T == 1 path)."""

@@ -10,7 +10,7 @@ and pass the check, or the error names the variable, what it got and what it tak
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -21,6 +21,10 @@ DEFAULT_SNAPSHOT_EVERY = 256
 DEFAULT_SNAPSHOT_MEMORY_MB = 512.0
 DEFAULT_SNAPSHOT_DIR_MB = 10240.0
 DEFAULT_SNAPSHOT_FLUSH_S = 30.0
+DEFAULT_SNAPSHOT_LOOKUP_BUDGET_S = 2.0
+DEFAULT_SNAPSHOT_COOLDOWN_S = 60.0
+DEFAULT_TEMPLATE_MAX_CHARS = 1 << 20   # engine/chat_template.py's own defaults
+DEFAULT_TEMPLATE_TIME_S = 2.0
 
 
 def env_value(env: Mapping[str, str], name: str, parse: Callable[[str], T], default: T, *,
@@ -69,6 +73,12 @@ class SnapshotSettings:
     every: int = DEFAULT_SNAPSHOT_EVERY             # SNAPSHOT_EVERY (checkpoint interval, tokens)
     max_age_s: float = 0.0                          # SNAPSHOT_MAX_AGE_S (0: no age limit)
     flush_s: float = DEFAULT_SNAPSHOT_FLUSH_S       # SNAPSHOT_FLUSH_S (0: no flush at exit)
+    s3_connect_timeout_s: float = 1.0               # SNAPSHOT_S3_CONNECT_TIMEOUT_S
+    s3_read_timeout_s: float = 2.0                  # SNAPSHOT_S3_READ_TIMEOUT_S (between bytes)
+    s3_attempts: int = 2                            # SNAPSHOT_S3_ATTEMPTS (per call, first included)
+    lookup_budget_s: float = DEFAULT_SNAPSHOT_LOOKUP_BUDGET_S   # SNAPSHOT_LOOKUP_BUDGET_S (per slow tier)
+    cooldown_s: float = DEFAULT_SNAPSHOT_COOLDOWN_S  # SNAPSHOT_TIER_COOLDOWN_S (a failing tier is skipped)
+    hmac_key: bytes | None = field(default=None, repr=False)    # SNAPSHOT_HMAC_KEY (shared buckets)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> SnapshotSettings:
@@ -81,6 +91,12 @@ class SnapshotSettings:
             every=positive_int(env, "SNAPSHOT_EVERY", DEFAULT_SNAPSHOT_EVERY),
             max_age_s=non_negative(env, "SNAPSHOT_MAX_AGE_S", 0.0),
             flush_s=non_negative(env, "SNAPSHOT_FLUSH_S", DEFAULT_SNAPSHOT_FLUSH_S),
+            s3_connect_timeout_s=positive(env, "SNAPSHOT_S3_CONNECT_TIMEOUT_S", 1.0),
+            s3_read_timeout_s=positive(env, "SNAPSHOT_S3_READ_TIMEOUT_S", 2.0),
+            s3_attempts=positive_int(env, "SNAPSHOT_S3_ATTEMPTS", 2),
+            lookup_budget_s=positive(env, "SNAPSHOT_LOOKUP_BUDGET_S", DEFAULT_SNAPSHOT_LOOKUP_BUDGET_S),
+            cooldown_s=non_negative(env, "SNAPSHOT_TIER_COOLDOWN_S", DEFAULT_SNAPSHOT_COOLDOWN_S),
+            hmac_key=(env_str(env, "SNAPSHOT_HMAC_KEY") or "").encode() or None,
         )
 
 
@@ -92,6 +108,8 @@ class Settings:
     n_ctx: int = DEFAULT_N_CTX                      # WARMLLM_N_CTX (capped by the model's training context)
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK      # WARMLLM_PREFILL_CHUNK (tokens per batched forward)
     snapshots: SnapshotSettings = SnapshotSettings()
+    template_max_chars: int = DEFAULT_TEMPLATE_MAX_CHARS   # TEMPLATE_MAX_CHARS (a chat template's output)
+    template_time_s: float = DEFAULT_TEMPLATE_TIME_S       # TEMPLATE_TIME_S (rendering one chat prompt)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
@@ -101,4 +119,6 @@ class Settings:
             n_ctx=positive_int(env, "WARMLLM_N_CTX", DEFAULT_N_CTX),
             prefill_chunk=positive_int(env, "WARMLLM_PREFILL_CHUNK", DEFAULT_PREFILL_CHUNK),
             snapshots=SnapshotSettings.from_env(env),
+            template_max_chars=positive_int(env, "TEMPLATE_MAX_CHARS", DEFAULT_TEMPLATE_MAX_CHARS),
+            template_time_s=positive(env, "TEMPLATE_TIME_S", DEFAULT_TEMPLATE_TIME_S),
         )

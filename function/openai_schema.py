@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 
 from engine.sampling import SamplingError, SamplingParams
 
+from . import limits as limits_mod
 from .errors import bad_request
+from .limits import Limits
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -123,7 +125,7 @@ def _common(body: dict, route: str) -> GenRequest:
             top_p=_number(body, "top_p", None, None, 1.0),
             top_k=_top_k(body),
             min_p=_number(body, "min_p", None, None, 0.0),
-            seed=_integer(body, "seed", -(2 ** 63), 2 ** 64 - 1),
+            seed=_seed(body),
         )
     except SamplingError as exc:
         raise bad_request(str(exc), exc.field) from None
@@ -151,6 +153,13 @@ def _common(body: dict, route: str) -> GenRequest:
             raise bad_request(f"response_format type {rf.get('type')!r} is not supported; only 'text'",
                               "response_format.type", "unsupported_value")
     return req
+
+
+def _seed(body: dict) -> int | None:
+    """OpenAI takes any 64-bit integer; numpy's generator only non-negative ones, so a negative
+    seed is taken modulo 2**64 (-5 and 2**64 - 5 give the same generation)."""
+    v = _integer(body, "seed", -(2 ** 63), 2 ** 64 - 1)
+    return None if v is None else v % 2 ** 64
 
 
 def _top_k(body: dict) -> int:
@@ -203,7 +212,7 @@ def _content(v, param: str, allow_none: bool) -> str:
                       "invalid_type")
 
 
-def _assistant_tool_calls(v, param: str) -> list[dict]:
+def _assistant_tool_calls(v, param: str, lim: Limits) -> list[dict]:
     if not isinstance(v, list):
         raise bad_request(f"'{param}' must be an array, got {_type_name(v)}", param, "invalid_type")
     out = []
@@ -219,11 +228,8 @@ def _assistant_tool_calls(v, param: str) -> list[dict]:
         if args is None or args == "":
             args = {}
         if isinstance(args, str):
-            try:
-                args = json.loads(args)
-            except json.JSONDecodeError as exc:
-                raise bad_request(f"'{p}.function.arguments' is not valid JSON: {exc.msg}",
-                                  f"{p}.function.arguments", "invalid_json") from None
+            # the arguments' JSON is parsed with the body's guards (depth, number size, Unicode)
+            args = limits_mod.loads(args, lim, f"{p}.function.arguments")
         if not isinstance(args, dict):
             raise bad_request(f"'{p}.function.arguments' must be a JSON object", f"{p}.function.arguments",
                               "invalid_type")
@@ -232,7 +238,7 @@ def _assistant_tool_calls(v, param: str) -> list[dict]:
     return out
 
 
-def _messages(body: dict) -> list[dict]:
+def _messages(body: dict, lim: Limits) -> list[dict]:
     if "messages" not in body or body["messages"] is None:
         raise bad_request("'messages' is required", "messages", "missing")
     msgs = body["messages"]
@@ -240,6 +246,7 @@ def _messages(body: dict) -> list[dict]:
         raise bad_request(f"'messages' must be an array, got {_type_name(msgs)}", "messages", "invalid_type")
     if not msgs:
         raise bad_request("'messages' must not be empty", "messages")
+    limits_mod.check_messages(len(msgs), lim)
     out = []
     for i, m in enumerate(msgs):
         p = f"messages[{i}]"
@@ -252,7 +259,7 @@ def _messages(body: dict) -> list[dict]:
         has_calls = role == "assistant" and m.get("tool_calls")
         msg["content"] = _content(m.get("content"), f"{p}.content", allow_none=role == "assistant")
         if has_calls:
-            msg["tool_calls"] = _assistant_tool_calls(m["tool_calls"], f"{p}.tool_calls")
+            msg["tool_calls"] = _assistant_tool_calls(m["tool_calls"], f"{p}.tool_calls", lim)
         if role == "assistant" and isinstance(m.get("reasoning_content"), str):
             msg["reasoning_content"] = m["reasoning_content"]
         if role == "tool":
@@ -316,9 +323,24 @@ def _tool_choice(body: dict, tools: list[dict] | None):
                       "{\"type\": \"function\", \"function\": {\"name\": ...}}", "tool_choice", "invalid_type")
 
 
-def parse_chat(body: dict) -> GenRequest:
+def _chat_chars(messages: list[dict], tools: list[dict] | None) -> int:
+    """The characters the template will be given: every message's text and tool calls, the tools."""
+    n = 0
+    for m in messages:
+        n += len(m["content"]) + len(m.get("reasoning_content") or "") + len(m.get("name") or "")
+        for tc in m.get("tool_calls") or ():
+            n += len(tc["function"]["name"]) + len(json.dumps(tc["function"]["arguments"], ensure_ascii=False))
+    if tools:
+        n += len(json.dumps(tools, ensure_ascii=False))
+    return n
+
+
+def parse_chat(body: dict, lim: Limits | None = None) -> GenRequest:
+    """The chat request, validated; `lim` (the function's limits) bounds the message count and
+    the characters given to the template (413 before it renders)."""
+    lim = lim if lim is not None else Limits()
     req = _common(body, "chat")
-    req.messages = _messages(body)
+    req.messages = _messages(body, lim)
     tools = _tools(body)
     req.tool_choice = _tool_choice(body, tools)
     if req.tool_choice == "none" or not tools:
@@ -331,12 +353,15 @@ def parse_chat(body: dict) -> GenRequest:
     req.parse_tool_calls = req.tools is not None
     kwargs = _object(body, "chat_template_kwargs")
     req.template_kwargs = dict(kwargs or {})
+    limits_mod.check_prompt_chars(_chat_chars(req.messages, tools) + len(json.dumps(req.template_kwargs)),
+                                  "messages", lim)
     return req
 
 
 # ----------------------------------------------------------------------------- completions
 
-def parse_completion(body: dict) -> GenRequest:
+def parse_completion(body: dict, lim: Limits | None = None) -> GenRequest:
+    lim = lim if lim is not None else Limits()
     req = _common(body, "completion")
     if "prompt" not in body or body["prompt"] is None:
         raise bad_request("'prompt' is required", "prompt", "missing")
@@ -352,6 +377,7 @@ def parse_completion(body: dict) -> GenRequest:
                           "prompt", "unsupported_value")
     else:
         raise bad_request("'prompt' must be a string or an array of token ids", "prompt", "invalid_type")
+    limits_mod.check_prompt_chars(len(req.prompt), "prompt", lim)
     if _integer(body, "best_of", 1) not in (None, 1):
         raise bad_request("'best_of' must be 1", "best_of", "unsupported_value")
     if _boolean(body, "echo"):

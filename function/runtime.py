@@ -118,6 +118,8 @@ class Runtime:
             fields.update(ok=True, model_id=eng.model_id, n_ctx=eng.n_ctx, threads=eng.threads,
                           backend=eng.backend, load_ms=float(eng.load_ms), compile_ms=float(eng.compile_ms),
                           cpu=paths.summary(), kernels=eng.kernel_paths)
+            if eng.chat_template_error:        # chat is a 400 saying so; completions work
+                fields.update(chat_template_error=eng.chat_template_error)
             self.engine = eng
             self.error = None
         except Exception as exc:
@@ -207,24 +209,24 @@ class Runtime:
             with log.stage("parse_ms"):
                 req = events.normalise(event)
                 log.set(method=req.method, path=req.path)
+                authorized = self._authorized(req)
+                # with a key set, an unauthenticated caller learns nothing, not even which routes
+                # exist: 401 before 404/405 (only /health answers, in its short form)
+                if not authorized and req.path != "/health":
+                    raise unauthorized()
                 route, model_arg = route_of(req.method, req.path)
                 log.set(route=route)
-                if self.api_key and route != "health" and req.kind != "direct":
-                    auth = req.headers.get("authorization", "")
-                    token = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
-                    if not hmac.compare_digest(token.encode(), self.api_key.encode()):
-                        raise unauthorized()
                 greq = None
                 if route == "chat":
-                    greq = oa.parse_chat(req.json_body())
+                    greq = oa.parse_chat(req.json_body(self.settings.limits), self.settings.limits)
                 elif route == "completion":
-                    greq = oa.parse_completion(req.json_body())
+                    greq = oa.parse_completion(req.json_body(self.settings.limits), self.settings.limits)
                 if greq is not None:
                     log.set(stream=greq.stream, max_tokens=greq.max_tokens)
             dl = deadline_mod.compute(context, req.received_epoch_ms, t_mono, api_deadline_s=self.settings.api_deadline_s,
                                       margin_s=self.settings.deadline_margin_s)
             if route == "health":
-                status, body = self._health(dl, log, cold)
+                status, body = self._health(dl, log, cold, detailed=authorized)
                 return self._finish(log, kind, status, body, headers)
             with log.stage("load_ms"):
                 eng = self.wait_for_engine(dl.at)
@@ -257,15 +259,29 @@ class Runtime:
         log.finish(status, error_code)
         return resp
 
-    def _health(self, dl, log: RequestLog, cold: bool):
+    def _authorized(self, req: events.Request) -> bool:
+        """No key set, a direct invoke (IAM already allowed it), or the right bearer token."""
+        if not self.api_key or req.kind == "direct":
+            return True
+        auth = req.headers.get("authorization", "")
+        token = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
+        return hmac.compare_digest(token.encode(), self.api_key.encode())
+
+    def _health(self, dl, log: RequestLog, cold: bool, *, detailed: bool = True):
+        """The health body; without the API key (when one is set) only the status: the model,
+        its load error and the runtime's figures are for callers holding the key."""
         with log.stage("load_ms"):
             try:
                 eng = self.wait_for_engine(dl.at)
             except APIError as err:
+                if not detailed:
+                    return 503, {"status": "unavailable"}
                 return 503, {"status": "unavailable", "reason": self.error_public or err.message,
                              "model_source": self.settings.model_source,
                              "error": err.body()["error"]}
         log.set(model=eng.model_id)
+        if not detailed:
+            return 200, {"status": "ok"}
         f = self._init_fields
         return 200, {"status": "ok", "model": eng.model_id, "cold": cold, "warm": not cold,
                      "threads": eng.threads, "backend": eng.backend, "n_ctx": eng.n_ctx,
@@ -277,6 +293,7 @@ class Runtime:
     # ------------------------------------------------------------------ generation
 
     def _generate(self, eng: Engine, greq: oa.GenRequest, log: RequestLog, dl: deadline_mod.Deadline):
+        from engine.chat_template import TemplateLimitError
         from engine.errors import ContextOverflow
 
         chat = greq.route == "chat"
@@ -291,6 +308,9 @@ class Runtime:
                     cp = eng.chat_prompt(greq.messages, tools=greq.tools, add_generation_prompt=True,
                                          **self._template_kwargs(greq))
                     prompt, opens_reasoning = cp, cp.opens_reasoning
+                except TemplateLimitError as exc:
+                    raise bad_request(f"the chat template could not render these messages within its limits: "
+                                      f"{exc}", "messages", "template_limit_exceeded") from None
                 except ValueError as exc:      # engine.chat_template.TemplateError is a ValueError
                     raise bad_request(f"the chat template rejected the messages: {exc}", "messages",
                                       "invalid_messages") from None

@@ -9,12 +9,23 @@ from dataclasses import dataclass, field
 
 from engine.settings import Settings, env_str, non_negative, positive
 
+from .limits import Limits
+
 DEFAULT_API_DEADLINE_S = 28.0
 DEFAULT_MARGIN_S = 0.5
 DEFAULT_MODEL_RETRY_S = 30.0
 DEFAULT_INIT_BUDGET_S = 8.0
 DEFAULT_MODEL_DIR = "/tmp/warmllm-models"
 DEFAULT_WATCHDOG_MARGIN_S = 1.0
+
+
+def _api_key(env: Mapping[str, str]) -> str | None:
+    """WARMLLM_API_KEY: unset means no key; set but blank is an error, not "auth off" (a
+    template that fills it from an empty parameter would otherwise open the API silently)."""
+    if "WARMLLM_API_KEY" in env and not env["WARMLLM_API_KEY"].strip():
+        raise ValueError("WARMLLM_API_KEY is set but empty: set it to the bearer token clients must send, "
+                         "or unset it (remove the variable) to leave the API open")
+    return env_str(env, "WARMLLM_API_KEY")
 
 
 @dataclass(frozen=True)
@@ -29,6 +40,7 @@ class FunctionSettings:
     model_retry_s: float = DEFAULT_MODEL_RETRY_S    # MODEL_RETRY_S: wait before retrying a failed load
     init_budget_s: float = DEFAULT_INIT_BUDGET_S    # INIT_BUDGET_S: how long init waits for the model
     watchdog_margin_s: float = DEFAULT_WATCHDOG_MARGIN_S  # WATCHDOG_MARGIN_S: the timeout line this long before Lambda's
+    limits: Limits = field(default_factory=Limits)  # MAX_BODY_BYTES, MAX_JSON_DEPTH, ... (function/limits.py)
 
     @property
     def model_source(self) -> str | None:
@@ -42,10 +54,11 @@ class FunctionSettings:
             model_path=env_str(env, "MODEL_PATH"),
             model_s3_uri=env_str(env, "MODEL_S3_URI"),
             model_dir=env_str(env, "MODEL_DIR") or DEFAULT_MODEL_DIR,
-            api_key=env_str(env, "WARMLLM_API_KEY"),
+            api_key=_api_key(env),
             api_deadline_s=positive(env, "API_DEADLINE_S", DEFAULT_API_DEADLINE_S),
             deadline_margin_s=non_negative(env, "DEADLINE_MARGIN_S", DEFAULT_MARGIN_S),
             model_retry_s=non_negative(env, "MODEL_RETRY_S", DEFAULT_MODEL_RETRY_S),
             init_budget_s=non_negative(env, "INIT_BUDGET_S", DEFAULT_INIT_BUDGET_S),
             watchdog_margin_s=non_negative(env, "WATCHDOG_MARGIN_S", DEFAULT_WATCHDOG_MARGIN_S),
+            limits=Limits.from_env(env),
         )

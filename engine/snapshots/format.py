@@ -13,15 +13,20 @@ Key: model fingerprint + hash of the token prefix. Value:
                          when the snapshot is the end of a prompt), then per layer
                          "<i>.conv", "<i>.S" (DeltaNet) or "<i>.k", "<i>.v" (attention, sliced
                          to n_tokens positions), all float32
-      total-32   32 bytes  SHA-256 of every byte before it
+      total-32   32 bytes  SHA-256 of every byte before it, or with SNAPSHOT_HMAC_KEY (flag
+                         bit 0 set) HMAC-SHA256 of them under that key
 
 No pickle anywhere: a snapshot read from S3 is parsed as JSON + numpy buffers and checked
-(magic, version, sizes, checksum, model, prefix tokens, layer shapes) before use; a check that
-fails raises SnapshotError with the reason the store logs.
+(magic, version, sizes, checksum or MAC, model, prefix tokens, layer shapes, every array's
+dtype and shape, finite values) before use; a check that fails — or any exception while
+parsing — raises SnapshotError with the reason the store logs. A checksum is not
+authentication (anyone who can write to the bucket can plant a state with a valid one): a
+store that shares its bucket sets SNAPSHOT_HMAC_KEY, and then applies only MAC'd snapshots.
 """
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import struct
 import time
@@ -39,8 +44,9 @@ SUFFIX = ".wsnap"
 _PRELUDE = struct.Struct("<8sHHI")  # magic, version, flags, header length
 _ALIGN = 64
 _DIGEST = 32
-_MAX_HEADER = 1 << 20
+_MAX_HEADER = 256 << 10  # the header of a 64-layer model is ~10 KB
 _DTYPES = {"<f4": np.float32, "<i4": np.int32}
+FLAG_HMAC = 1
 
 Key = tuple[int, str]  # (n_tokens, prefix hash)
 
@@ -84,8 +90,8 @@ class Snapshot:
 
 
 class SnapshotError(Exception):
-    """A stored snapshot that must be ignored; `reason` is one of
-    missing | truncated | corrupt | wrong_model | wrong_version | stale | read_error."""
+    """A stored snapshot that must be ignored; `reason` is one of missing | truncated | corrupt |
+    wrong_model | wrong_version | stale | unauthenticated | too_large | not_a_file | read_error."""
 
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(f"{reason}: {detail}")
@@ -98,7 +104,25 @@ def state_layout(state: State) -> list[tuple[str, tuple[int, ...], tuple[int, ..
     return [(l.kind, *l.layout()) for l in state.layers]
 
 
-def serialize(snap: Snapshot, fingerprint: str, prefix_hash: str, created: float | None = None) -> bytearray:
+def max_bytes(layout: list, n_tokens: int, n_vocab: int | None = None) -> int:
+    """The largest a valid `.wsnap` of `n_tokens` for this layout can be: what a stored size is
+    checked against before anything is read (a 3 GB object or a 2 GB sparse file is refused
+    by its size alone). Without `n_vocab` the logits are allowed 1 Mi floats."""
+    arrays = [n_tokens * 4, (n_vocab if n_vocab is not None else 1 << 20) * 4]
+    for kind, s1, s2 in layout:
+        for shape in LAYER_KINDS[kind].expected_shapes((s1, s2), n_tokens).values():
+            arrays.append(int(np.prod(shape, dtype=np.int64)) * 4)
+    return _PRELUDE.size + _MAX_HEADER + _ALIGN + sum(-(-a // _ALIGN) * _ALIGN for a in arrays) + _DIGEST
+
+
+def _digest(view: memoryview, hmac_key: bytes | None) -> bytes:
+    if hmac_key:
+        return hmac.new(hmac_key, view, hashlib.sha256).digest()
+    return hashlib.sha256(view).digest()
+
+
+def serialize(snap: Snapshot, fingerprint: str, prefix_hash: str, created: float | None = None,
+              hmac_key: bytes | None = None) -> bytearray:
     n = snap.n_tokens
     if snap.state.n_tokens != n:
         raise ValueError(f"snapshot state holds {snap.state.n_tokens} tokens but the prefix has {n}")
@@ -129,7 +153,7 @@ def serialize(snap: Snapshot, fingerprint: str, prefix_hash: str, created: float
             break
         total = want
     buf = bytearray(total)
-    _PRELUDE.pack_into(buf, 0, MAGIC, FORMAT_VERSION, 0, len(hb))
+    _PRELUDE.pack_into(buf, 0, MAGIC, FORMAT_VERSION, FLAG_HMAC if hmac_key else 0, len(hb))
     buf[_PRELUDE.size:_PRELUDE.size + len(hb)] = hb
     mv = memoryview(buf)
     for (_name, a), entry in zip(arrays, table):
@@ -137,65 +161,100 @@ def serialize(snap: Snapshot, fingerprint: str, prefix_hash: str, created: float
         start = data_start + entry["offset"]
         # numpy declares the buffer protocol to mypy only for Python >= 3.12
         mv[start:start + entry["nbytes"]] = a.reshape(-1).view(np.uint8)  # type: ignore[call-overload]
-    buf[total - _DIGEST:] = hashlib.sha256(mv[:total - _DIGEST]).digest()
+    buf[total - _DIGEST:] = _digest(mv[:total - _DIGEST], hmac_key)
     return buf
 
 
 def deserialize(data: bytes | bytearray | memoryview, *, fingerprint: str, key: Key,
-                tokens: Sequence[int] | None, layout: list, max_age_s: float = 0.0) -> Snapshot:
-    """Parse and check a `.wsnap`; SnapshotError(reason) when it must not be used."""
-    mv = memoryview(data)
+                tokens: Sequence[int] | None, layout: list, max_age_s: float = 0.0,
+                n_vocab: int | None = None, hmac_key: bytes | None = None) -> Snapshot:
+    """Parse and check a `.wsnap`; SnapshotError(reason) when it must not be used. Nothing
+    else escapes: any other exception while parsing is a SnapshotError("corrupt") too (a
+    header nested 10,000 deep, a non-numeric `created`), so a bad file is always a fault the
+    store repairs, never a failed request."""
+    try:
+        return _deserialize(memoryview(data), fingerprint, key, tokens, layout, max_age_s, n_vocab, hmac_key)
+    except SnapshotError:
+        raise
+    except Exception as exc:
+        raise SnapshotError("corrupt", f"{type(exc).__name__} while parsing: {str(exc)[:200]}") from None
+
+
+# the dtype each stored array must have: states and logits float32, the prefix int32
+def _want_dtype(name: str) -> str:
+    return "<i4" if name == "tokens" else "<f4"
+
+
+def _deserialize(mv: memoryview, fingerprint: str, key: Key, tokens: Sequence[int] | None, layout: list,
+                 max_age_s: float, n_vocab: int | None, hmac_key: bytes | None) -> Snapshot:
     size = len(mv)
     if size < _PRELUDE.size:
         raise SnapshotError("truncated", f"{size} bytes is shorter than the {_PRELUDE.size}-byte prelude")
-    magic, version, _flags, hlen = _PRELUDE.unpack_from(mv, 0)
+    magic, version, flags, hlen = _PRELUDE.unpack_from(mv, 0)
     if magic != MAGIC:
         raise SnapshotError("corrupt", f"bad magic {bytes(magic)!r}")
     if version != FORMAT_VERSION:
         raise SnapshotError("wrong_version", f"format version {version}, this engine reads {FORMAT_VERSION}")
     if hlen > _MAX_HEADER:
-        raise SnapshotError("corrupt", f"header length {hlen} is implausible")
+        raise SnapshotError("corrupt", f"header length {hlen} is implausible (at most {_MAX_HEADER})")
     if _PRELUDE.size + hlen > size:
         raise SnapshotError("truncated", f"header needs {_PRELUDE.size + hlen} bytes, file has {size}")
+    if bool(flags & FLAG_HMAC) != bool(hmac_key):
+        raise SnapshotError("unauthenticated", "written with SNAPSHOT_HMAC_KEY, and this store has none"
+                            if flags & FLAG_HMAC else "not MAC'd, and this store requires SNAPSHOT_HMAC_KEY")
     try:
         header = json.loads(bytes(mv[_PRELUDE.size:_PRELUDE.size + hlen]))
         total = int(header["total_bytes"])
         table = list(header["arrays"])
-    except (ValueError, KeyError, TypeError) as exc:
-        raise SnapshotError("corrupt", f"header is not valid JSON: {exc}") from None
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
+        raise SnapshotError("corrupt", f"header is not valid JSON: {type(exc).__name__}: {exc}") from None
     if size < total:
         raise SnapshotError("truncated", f"{size} of {total} bytes")
     if size != total:
         raise SnapshotError("corrupt", f"{size} bytes, header says {total}")
-    if hashlib.sha256(mv[:total - _DIGEST]).digest() != bytes(mv[total - _DIGEST:]):
+    if not hmac.compare_digest(_digest(mv[:total - _DIGEST], hmac_key), bytes(mv[total - _DIGEST:])):
+        if hmac_key:
+            raise SnapshotError("unauthenticated", "MAC mismatch (another SNAPSHOT_HMAC_KEY, or tampered)")
         raise SnapshotError("corrupt", "checksum mismatch")
+    if not isinstance(header, dict):
+        raise SnapshotError("corrupt", "header is not a JSON object")
     if header.get("model") != fingerprint:
         raise SnapshotError("wrong_model", f"written for model {header.get('model')}, this is {fingerprint}")
     n = key[0]
     if header.get("n_tokens") != n or header.get("prefix") != key[1]:
         raise SnapshotError("stale", f"holds prefix {header.get('n_tokens')}/{header.get('prefix')}, "
                                      f"wanted {n}/{key[1]}")
-    if max_age_s > 0 and time.time() - float(header.get("created", 0)) > max_age_s:
+    created = header.get("created", 0)
+    if isinstance(created, bool) or not isinstance(created, (int, float)) or not np.isfinite(created):
+        raise SnapshotError("corrupt", f"'created' is {created!r:.40}, not a time")
+    if max_age_s > 0 and time.time() - float(created) > max_age_s:
         raise SnapshotError("stale", f"older than SNAPSHOT_MAX_AGE_S={max_age_s:g}")
     data_start = -(-(_PRELUDE.size + hlen) // _ALIGN) * _ALIGN
     arrays: dict[str, np.ndarray] = {}
-    try:
-        for e in table:
-            dt = _DTYPES[e["dtype"]]
-            shape = tuple(int(s) for s in e["shape"])
-            nb = int(e["nbytes"])
-            start = data_start + int(e["offset"])
-            if nb != int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize or start < data_start \
-                    or start + nb > total - _DIGEST:
-                raise SnapshotError("corrupt", f"array {e['name']} lies outside the file or has a bad size")
-            arrays[str(e["name"])] = np.frombuffer(mv[start:start + nb], dtype=dt).reshape(shape)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise SnapshotError("corrupt", f"bad array table: {exc}") from None
+    for e in table:
+        if not isinstance(e, dict):
+            raise SnapshotError("corrupt", "bad array table: an entry is not an object")
+        name = str(e["name"])
+        if e["dtype"] != _want_dtype(name):
+            raise SnapshotError("corrupt", f"array {name} has dtype {e['dtype']!r:.20}, expected {_want_dtype(name)}")
+        dt = _DTYPES[e["dtype"]]
+        shape = tuple(int(s) for s in e["shape"])
+        if any(d < 0 for d in shape) or len(shape) > 4:
+            raise SnapshotError("corrupt", f"array {name} has shape {shape}")
+        nb = int(e["nbytes"])
+        start = data_start + int(e["offset"])
+        if nb != int(np.prod(shape, dtype=object)) * np.dtype(dt).itemsize or start < data_start \
+                or start + nb > total - _DIGEST:
+            raise SnapshotError("corrupt", f"array {name} lies outside the file or has a bad size")
+        arrays[name] = np.frombuffer(mv[start:start + nb], dtype=dt).reshape(shape)
     tok = arrays.get("tokens")
     if tok is None or tok.shape != (n,):
         raise SnapshotError("corrupt", "token array missing or of the wrong length")
     if tokens is not None and not np.array_equal(tok, np.asarray(tokens[:n], dtype=np.int32)):
         raise SnapshotError("stale", "stored token prefix differs from the requested one")
+    logits = arrays.get("logits")
+    if logits is not None and (logits.ndim != 1 or (n_vocab is not None and logits.shape != (n_vocab,))):
+        raise SnapshotError("corrupt", f"logits of shape {logits.shape}, the model has {n_vocab} tokens")
     kinds = header.get("layers")
     if kinds != [k for k, _, _ in layout]:
         raise SnapshotError("wrong_model", f"layer kinds {kinds} do not match the model")
@@ -211,7 +270,11 @@ def deserialize(data: bytes | bytearray | memoryview, *, fingerprint: str, key: 
             layers.append(cls.from_arrays(got))
     except KeyError as exc:
         raise SnapshotError("corrupt", f"array {exc} missing") from None
-    return Snapshot(tok, State(n, layers), arrays.get("logits"))
+    # a NaN or Inf in a state never comes from a forward pass; applied, it would answer garbage
+    for name, a in arrays.items():
+        if a.dtype == np.float32 and not np.isfinite(a).all():
+            raise SnapshotError("corrupt", f"array {name} holds NaN or Inf")
+    return Snapshot(tok, State(n, layers), logits)
 
 
 def owned(data: bytes | bytearray) -> bytearray:

@@ -6,7 +6,13 @@ from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Sequence
 from typing import Any
 
-from engine.snapshots.format import Key, snapshot_name
+from engine.snapshots.format import Key, SnapshotError, snapshot_name
+
+# An endpoint that accepts and never answers used to cost 150 s a request (boto3's 60 s read
+# timeout, retried): each call is bounded here, and the store bounds a whole lookup on top.
+DEFAULT_CONNECT_TIMEOUT_S = 1.0
+DEFAULT_READ_TIMEOUT_S = 2.0
+DEFAULT_ATTEMPTS = 2
 
 
 def parse_s3_uri(uri: str) -> tuple[str, str]:
@@ -30,7 +36,11 @@ class S3Tier:
     MAX_PARALLEL = 8
 
     def __init__(self, uri: str, fingerprint: str, client: Any = None,
-                 endpoint_url: str | None = None) -> None:
+                 endpoint_url: str | None = None, *, connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+                 read_timeout_s: float = DEFAULT_READ_TIMEOUT_S, attempts: int = DEFAULT_ATTEMPTS) -> None:
+        self.connect_timeout_s = connect_timeout_s
+        self.read_timeout_s = read_timeout_s
+        self.attempts = attempts
         self.bucket, prefix = parse_s3_uri(uri)
         self.prefix = f"{prefix}/{fingerprint}" if prefix else fingerprint
         self._client = client
@@ -50,8 +60,9 @@ class S3Tier:
 
                 self._client = boto3.client(
                     "s3", endpoint_url=self._endpoint_url or None,
-                    config=Config(retries={"max_attempts": 4, "mode": "standard"}, max_pool_connections=16,
-                                  connect_timeout=3, read_timeout=30))
+                    config=Config(retries={"total_max_attempts": self.attempts, "mode": "standard"},
+                                  max_pool_connections=16, connect_timeout=self.connect_timeout_s,
+                                  read_timeout=self.read_timeout_s))
             return self._client
 
     def object_key(self, key: Key) -> str:
@@ -59,7 +70,10 @@ class S3Tier:
 
     @staticmethod
     def _code(exc: Exception) -> str:
-        return str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
+        # a network error (timeout, refused connection) has no response, or response=None
+        response = getattr(exc, "response", None)
+        error = response.get("Error") if isinstance(response, dict) else None
+        return str(error.get("Code", "")) if isinstance(error, dict) else ""
 
     @classmethod
     def _missing(cls, exc: Exception) -> bool:
@@ -89,7 +103,7 @@ class S3Tier:
             found = list(pool.map(self.exists, keys))
         return [k for k, ok in zip(keys, found) if ok]
 
-    def read(self, key: Key) -> bytearray | None:
+    def read(self, key: Key, limit: int | None = None) -> bytearray | None:
         """The object's bytes, in ranges of PART_BYTES fetched in parallel (one GET stream runs
         at tens of MB/s, and a snapshot is 26-36 MB for the 0.8B model), every range of the
         version its HEAD saw (If-Match: an object replaced mid-read fails the read, not the
@@ -98,11 +112,16 @@ class S3Tier:
             size, etag = self._heads.pop(key, (None, None))
         obj_key = self.object_key(key)
         done = 0  # bytes already read
+        if size is not None and limit is not None and size > limit:
+            raise SnapshotError("too_large", f"HEAD says {size} bytes, a snapshot of this prefix is at most {limit}")
         try:
             if size is None:  # not asked with exists(): the first range tells the size
                 first = self.client.get_object(Bucket=self.bucket, Key=obj_key, Range=f"bytes=0-{self.PART_BYTES - 1}")
                 etag = first.get("ETag")
                 size = _total_size(first)
+                if limit is not None and size > limit:
+                    first["Body"].close()
+                    raise SnapshotError("too_large", f"{size} bytes, a snapshot of this prefix is at most {limit}")
                 buf = bytearray(size)
                 done = min(size, self.PART_BYTES)
                 got = _read_into(first["Body"], memoryview(buf)[:done])
@@ -110,6 +129,8 @@ class S3Tier:
                     return buf[:got]  # a short object body: the checksum will say so
             else:
                 buf = bytearray(size)
+        except SnapshotError:
+            raise
         except Exception as exc:
             if self._missing(exc):
                 return None

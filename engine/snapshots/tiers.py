@@ -4,14 +4,20 @@ in front of the stored tiers, which hold the `.wsnap` bytes and all implement `T
 from __future__ import annotations
 
 import os
+import shutil
+import stat
 import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from engine.snapshots.format import SUFFIX, Key, Snapshot, snapshot_name
+from engine.snapshots.format import SUFFIX, Key, Snapshot, SnapshotError, snapshot_name
+
+# A writer killed mid-write leaves its hidden temp file; one older than this is dead (writing
+# a 36 MB snapshot to EFS takes well under a second). Temp files count against the cap too.
+TMP_MAX_AGE_S = 900.0
 
 
 class Tier(Protocol):
@@ -30,8 +36,9 @@ class Tier(Protocol):
     def exists(self, key: Key) -> bool:
         ...
 
-    def read(self, key: Key) -> bytearray | None:
-        """The stored bytes (owned, writable); None when the snapshot is missing."""
+    def read(self, key: Key, limit: int | None = None) -> bytearray | None:
+        """The stored bytes (owned, writable); None when the snapshot is missing. A stored size
+        over `limit` raises SnapshotError("too_large") before anything is read or allocated."""
         ...
 
     def write(self, key: Key, data: bytes | bytearray) -> None:
@@ -108,10 +115,12 @@ class DirTier:
 
     name = "efs"
 
-    def __init__(self, root: str, fingerprint: str, cap_bytes: int) -> None:
+    def __init__(self, root: str, fingerprint: str, cap_bytes: int,
+                 on_evict: Callable[[Key], None] | None = None) -> None:
         self.root = root
         self.dir = os.path.join(root, fingerprint)
         self.cap_bytes = int(cap_bytes)
+        self.on_evict = on_evict  # the store forgets it wrote an evicted key (so it writes it again)
         # (inode, size) of each file this lookup read, so `delete` removes only that file: a
         # replace always brings a new inode. Cleared by `existing` (one lookup's reads).
         self._lock = threading.Lock()
@@ -121,22 +130,35 @@ class DirTier:
         return os.path.join(self.dir, snapshot_name(key))
 
     def exists(self, key: Key) -> bool:
+        # a regular file only: anything else at the key (a directory, a FIFO) is rewritten
         return os.path.isfile(self.path(key))
 
     def existing(self, keys: Sequence[Key]) -> list[Key]:
         with self._lock:
             self._read_as.clear()
-        return [k for k in keys if self.exists(k)]
+        # anything at the key, regular or not: `read` says what is wrong, the store repairs it
+        return [k for k in keys if self.exists(k) or os.path.lexists(self.path(k))]
 
-    def read(self, key: Key) -> bytearray | None:
+    def read(self, key: Key, limit: int | None = None) -> bytearray | None:
         p = self.path(key)
         try:
-            with open(p, "rb") as fh:
-                st = os.fstat(fh.fileno())
-                buf = bytearray(st.st_size)
-                got = fh.readinto(buf)
+            st = os.lstat(p)
         except FileNotFoundError:
             return None
+        if not stat.S_ISREG(st.st_mode):   # opening a FIFO would block this request for good
+            raise SnapshotError("not_a_file", f"{p} is not a regular file (mode {stat.filemode(st.st_mode)})")
+        if limit is not None and st.st_size > limit:
+            raise SnapshotError("too_large", f"{st.st_size} bytes, a snapshot of this prefix is at most {limit}")
+        try:
+            fd = os.open(p, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+        except FileNotFoundError:
+            return None
+        with os.fdopen(fd, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            if not stat.S_ISREG(st.st_mode) or (limit is not None and st.st_size > limit):
+                raise SnapshotError("too_large", f"{st.st_size} bytes, at most {limit}")
+            buf = bytearray(st.st_size)
+            got = fh.readinto(buf)
         if got != st.st_size:
             buf = buf[:got]
         try:
@@ -150,6 +172,8 @@ class DirTier:
     def write(self, key: Key, data: bytes | bytearray) -> None:
         os.makedirs(self.dir, exist_ok=True)
         final = self.path(key)
+        if os.path.lexists(final) and not os.path.isfile(final):
+            _remove(final)  # a directory or FIFO at the key: os.replace cannot replace it
         tmp = os.path.join(self.dir, f".{snapshot_name(key)}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
         try:
             with open(tmp, "wb") as fh:
@@ -165,17 +189,16 @@ class DirTier:
 
     def delete(self, key: Key) -> bool:
         """Delete the file, but only if it is still the one this tier read (another writer may
-        have replaced a bad file with a good one meanwhile)."""
+        have replaced a bad file with a good one meanwhile). Whatever else sits at the key (a
+        directory, a FIFO, an unreadable file) is removed."""
         p = self.path(key)
         with self._lock:
             seen = self._read_as.pop(key, None)
         try:
-            if seen is not None:
-                st = os.stat(p)
-                if (st.st_ino, st.st_size) != seen:
-                    return False
-            os.unlink(p)
-            return True
+            st = os.lstat(p)
+            if seen is not None and (st.st_ino, st.st_size) != seen:
+                return False
+            return _remove(p)
         except FileNotFoundError:
             return False
 
@@ -184,31 +207,57 @@ class DirTier:
         now = time.time()
         try:
             subdirs = [os.path.join(self.root, d) for d in os.listdir(self.root)]
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return []
         for d in subdirs:
             try:
                 entries = list(os.scandir(d))
-            except (NotADirectoryError, FileNotFoundError):
+            except (NotADirectoryError, FileNotFoundError, PermissionError):
                 continue
             for e in entries:
                 try:
-                    st = e.stat()
+                    st = e.stat(follow_symlinks=False)
                 except FileNotFoundError:
                     continue
-                if e.name.endswith(".tmp") and now - st.st_mtime > 3600:  # a writer that died
-                    _unlink(e.path)
-                elif e.name.endswith(SUFFIX):
-                    files.append((st.st_mtime, st.st_size, e.path))
+                if e.name.endswith(".tmp"):
+                    if now - st.st_mtime > TMP_MAX_AGE_S:  # a writer that died
+                        _unlink(e.path)
+                    else:
+                        files.append((st.st_mtime, st.st_size, e.path, False))
+                elif e.name.endswith(SUFFIX) and stat.S_ISREG(st.st_mode):
+                    files.append((st.st_mtime, st.st_size, e.path, True))
         total = sum(f[1] for f in files)
         gone = []
-        for _mtime, size, p in sorted(files):
+        for _mtime, size, p, evictable in sorted(files):
             if total <= self.cap_bytes:
                 break
+            if not evictable:
+                continue          # a live writer's temp file: counted, not deleted
             if _unlink(p):
                 gone.append(p)
+                key = _key_of(os.path.basename(p))
+                if self.on_evict is not None and key is not None and os.path.dirname(p) == self.dir:
+                    self.on_evict(key)
             total -= size
         return gone
+
+
+def _key_of(name: str) -> Key | None:
+    """The key a `<n>-<hash>.wsnap` file name holds."""
+    stem = name[:-len(SUFFIX)] if name.endswith(SUFFIX) else ""
+    n, _, h = stem.partition("-")
+    return (int(n), h) if n.isdigit() and h else None
+
+
+def _remove(p: str) -> bool:
+    try:
+        if os.path.isdir(p) and not os.path.islink(p):
+            shutil.rmtree(p)
+        else:
+            os.unlink(p)
+        return True
+    except FileNotFoundError:
+        return False
 
 
 def _unlink(p: str) -> bool:

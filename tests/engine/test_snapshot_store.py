@@ -256,8 +256,8 @@ def test_a_bad_directory_snapshot_replaced_after_its_read_is_not_deleted(tmp_pat
     path.write_bytes(_bad("corrupt", good, key_of(good)))
     real_read = st.dir.read
 
-    def read_then_replaced(key):
-        data = real_read(key)
+    def read_then_replaced(key, limit=None):
+        data = real_read(key, limit)
         tmp = path.with_suffix(".new")
         tmp.write_bytes(S.serialize(good, FP, key[1]))
         os.replace(tmp, path)  # as DirTier.write does: a new inode
@@ -286,7 +286,7 @@ class _BytesTier:
         self.calls.append(("exists", key))
         return key in self.items
 
-    def read(self, key):
+    def read(self, key, limit=None):
         self.calls.append(("read", key))
         return self.items.get(key)
 
@@ -323,7 +323,7 @@ def test_missing_between_check_and_read_is_ignored(tmp_path):
     snap = make_snap(8)
     st.put(key_of(snap), snap)
     st.flush(10)
-    st.dir.read = lambda key: None  # evicted by another instance after exists() said yes
+    st.dir.read = lambda key, limit=None: None  # evicted by another instance after exists() said yes
     assert st.lookup(snap.tokens.tolist(), [8]) is None
     assert log.of("snapshot_ignored")[0]["reason"] == "missing"
 

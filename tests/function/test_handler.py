@@ -440,4 +440,8 @@ def test_api_key(tiny_model_path, rt, capsys):
     ev = event("models.json")
     ev["headers"]["authorization"] = "Bearer s3cret"
     assert call(r, ev, capsys)[0]["statusCode"] == 200
-    assert call(r, event("health.json"), capsys)[0]["statusCode"] == 200
+    resp, _ = call(r, event("health.json"), capsys)
+    assert resp["statusCode"] == 200 and body_of(resp) == {"status": "ok"}     # no key: the status only
+    ev = event("health.json")
+    ev["headers"]["authorization"] = "Bearer s3cret"
+    assert body_of(call(r, ev, capsys)[0])["model"] == rt.engine.model_id      # the key: the details
