@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from engine import threads as threads_mod
-from engine.chat_template import TURN_START, ChatTemplate, through_role_header
+from engine.chat_template import TURN_START, ChatTemplate, literal_spans, through_role_header, user_texts
 from engine.errors import ContextOverflow, ModelLoadError
 from engine.gguf_file import GGUFFile
 from engine.quant import paths
@@ -42,6 +42,7 @@ class ChatPrompt:
     ids: list[int]
     boundaries: list[int] = field(default_factory=list)
     spliced_tokens: int = 0  # leading ids taken from the warm session (its own reply tokens)
+    opens_reasoning: bool = False  # the prompt ends inside an open <think> block (Qwen3.5's default)
 
 
 @dataclass
@@ -61,6 +62,12 @@ class GenerationResult:
     snapshot_tier: str | None = None
     snapshot_bytes: int = 0
     timings: dict[str, float] = field(default_factory=dict)
+
+
+def _opens_reasoning(text: str) -> bool:
+    """The rendered prompt leaves a ``<think>`` block open for the reply (its last ``<think>``
+    comes after its last ``</think>``)."""
+    return text.rfind("<think>") > text.rfind("</think>")
 
 
 def _stop_hold(text: str, stops: Sequence[str]) -> int:
@@ -156,8 +163,11 @@ class Engine:
         add_gen = template_kwargs.pop("add_generation_prompt", True)
         text = self.render_chat(messages, tools=tools, add_generation_prompt=add_gen, **template_kwargs)
         offsets = self._boundary_offsets(messages, tools, text, template_kwargs)
-        ids, spliced = self._encode_reusing(text)
-        return ChatPrompt(text, ids, self._offsets_to_positions(ids, offsets), spliced)
+        # what the caller wrote stays text: <|im_start|> typed in a message is no turn marker
+        literal = literal_spans(text, user_texts(messages, tools), self.tokenizer.control_texts)
+        ids, spliced = self._encode_reusing(text, literal)
+        return ChatPrompt(text, ids, self._offsets_to_positions(ids, offsets), spliced,
+                          opens_reasoning=_opens_reasoning(text))
 
     def _boundary_offsets(self, messages: list[dict], tools: list[dict] | None, text: str,
                           kw: dict) -> list[int]:
@@ -211,7 +221,7 @@ class Engine:
                 positions.append(i + 1)
         return positions
 
-    def _encode_reusing(self, text: str) -> tuple[list[int], int]:
+    def _encode_reusing(self, text: str, literal: Sequence[tuple[int, int]] = ()) -> tuple[list[int], int]:
         """Tokenize `text`; if it begins with exactly the text of the tokens the warm session
         holds, keep those tokens and tokenize only the rest. After a chat turn the session holds
         the prompt plus the model's own reply tokens; the next turn's rendering contains the
@@ -224,9 +234,11 @@ class Engine:
             except UnicodeDecodeError:
                 head = None
             if head and len(head) < len(text) and text.startswith(head):
-                rest = self.tokenizer.encode(text[len(head):], add_special=False)
+                cut = len(head)
+                tail = [(max(a, cut) - cut, b - cut) for a, b in literal if b > cut]
+                rest = self.tokenizer.encode_with_literals(text[cut:], tail, add_special=False)
                 return list(held) + rest, len(held)
-        return self.tokenizer.encode(text), 0
+        return self.tokenizer.encode_with_literals(text, literal), 0
 
     def encode_prompt(self, prompt: str | list[int] | ChatPrompt) -> tuple[list[int], list[int]]:
         """(ids, checkpoint boundaries) for any prompt form generate() accepts."""
