@@ -42,6 +42,7 @@ __all__ = [
     "Constraint",
     "GrammarError",
     "GrammarSpec",
+    "choice_grammar",
     "compile_grammar",
     "grammar_tokenizer",
     "json_schema_grammar",
@@ -129,10 +130,12 @@ class GrammarSpec:
 
 def json_schema_grammar(schema: Mapping[str, Any], field_name: str = "response_format.json_schema.schema",
                         kind: str = "json_schema") -> GrammarSpec:
-    """JSON constrained by ``schema`` (after the blank lines a reply starts with)."""
+    """JSON constrained by ``schema``. Like every grammar here it starts with the reply's first
+    content token: no leading blank lines (a template that closes ``<think>`` writes those itself,
+    and after a ``</think>`` of the model's the reasoning parser strips them anyway)."""
     if not isinstance(schema, Mapping):
         raise GrammarError(field_name, f"a JSON Schema must be an object, got {type(schema).__name__}")
-    lark = f"start: LEAD json\nLEAD: /\\n{{0,2}}/\njson: %json {_json_text(schema)}\n"
+    lark = f"start: json\njson: %json {_json_text(schema)}\n"
     return GrammarSpec(_from_lark(lark), field_name, kind)
 
 
@@ -156,6 +159,14 @@ def regex_grammar(pattern: str, field_name: str = "regex") -> GrammarSpec:
     import llguidance
 
     return GrammarSpec(llguidance.LLMatcher.grammar_from_regex(pattern), field_name, "regex")
+
+
+def choice_grammar(choices: Sequence[str], field_name: str = "structured_outputs.choice") -> GrammarSpec:
+    """Exactly one of ``choices``."""
+    if not choices or not all(isinstance(c, str) for c in choices):
+        raise GrammarError(field_name, "choices must be a non-empty list of strings")
+    return GrammarSpec(_from_lark("start: " + " | ".join(_lark_str(c) for c in choices) + "\n"), field_name,
+                       "choice")
 
 
 def _from_lark(lark: str) -> str:
@@ -343,8 +354,7 @@ def tool_call_grammar(tools: Sequence[Mapping[str, Any]], *, parallel: bool = Tr
         alts.append(f"f{i}")
     call = f"call: <tool_call> \"\\n\" ({' | '.join(alts)}) </tool_call>"
     calls = 'call ("\\n" call)*' if parallel else "call"
-    lead = "" if trigger else "LEAD "
-    lark = "\n".join([f"start: {lead}{calls}", "LEAD: /\\n{0,2}/", call, *rules]) + "\n"
+    lark = "\n".join([f"start: {calls}", call, *rules]) + "\n"
     return GrammarSpec(_from_lark(lark), field_name, "tool_call", TOOL_CALL_OPEN if trigger else None)
 
 

@@ -15,6 +15,8 @@ import numpy as np
 
 from engine import threads as threads_mod
 from engine.chat_template import TURN_START, ChatTemplate, literal_spans, through_role_header, user_texts
+from engine.constraints import Constraint, GrammarSpec, compile_grammar
+from engine.decoding import TokenLogprob, TokenPicker
 from engine.errors import ContextOverflow, ModelLoadError
 from engine.gguf_file import GGUFFile
 from engine.quant import paths
@@ -62,6 +64,8 @@ class GenerationResult:
     snapshot_tier: str | None = None
     snapshot_bytes: int = 0
     timings: dict[str, float] = field(default_factory=dict)
+    logprobs: list[TokenLogprob] | None = None  # per generated token, when asked for
+    grammar_error: str | None = None  # the grammar engine gave up mid-generation (never expected)
 
 
 def _opens_reasoning(text: str) -> bool:
@@ -256,7 +260,11 @@ class Engine:
     def generate(self, prompt: str | list[int] | ChatPrompt, *, max_tokens: int,
                  sampling: SamplingParams | None = None,
                  stop: Sequence[str] = (), deadline: float | None = None,
-                 on_text: Callable[[str], None] | None = None) -> GenerationResult:
+                 on_text: Callable[[str], None] | None = None,
+                 grammar: GrammarSpec | None = None, logprobs: int | None = None) -> GenerationResult:
+        """``grammar``: constrain the reply (engine/constraints.py; it starts after ``</think>``
+        when the chat prompt left reasoning open); a GrammarError if llguidance rejects it.
+        ``logprobs``: None, or how many alternatives per token to report (0..20)."""
         t0 = time.perf_counter()
         ids, boundaries = self.encode_prompt(prompt)
         tokenize_ms = (time.perf_counter() - t0) * 1e3
@@ -266,7 +274,16 @@ class Engine:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
         if len(ids) + max_tokens > self.n_ctx:
             raise ContextOverflow(len(ids), max_tokens, self.n_ctx)
-        sampler = Sampler(sampling or SamplingParams())
+        constraint = None
+        grammar_ms = 0.0
+        if grammar is not None:
+            tg = time.perf_counter()
+            compiled = compile_grammar(grammar, self.tokenizer)  # cached per grammar in the warm process
+            grammar_ms = (time.perf_counter() - tg) * 1e3
+            tokenize_ms += grammar_ms  # preparing the request: the log's stages still sum to its total
+            opens = isinstance(prompt, ChatPrompt) and prompt.opens_reasoning
+            constraint = Constraint(compiled, self.tokenizer, reasoning_open=opens)
+        pick = TokenPicker(Sampler(sampling or SamplingParams()), constraint, logprobs)
         stops = [s for s in stop if s]
 
         try:
@@ -284,7 +301,7 @@ class Engine:
         stopped_by_string = False
         logits = pre.logits
         try:
-            tok = sampler(logits)
+            tok = pick(logits)
         finally:  # the first token is out: background snapshot writes may use the CPU now
             self.snapshots.release()
         while True:
@@ -292,6 +309,7 @@ class Engine:
                 finish = "stop"
                 break
             out.append(tok)
+            pick.accept(tok)
             text += decoder.feed(tok)
             hit = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
             if hit >= 0:
@@ -304,10 +322,14 @@ class Engine:
                 if safe > emitted:
                     on_text(text[emitted:safe])
                     emitted = safe
+            if pick.finished:  # the grammar is complete: only end-of-generation could follow
+                finish = "stop"
+                break
             if len(out) >= max_tokens or (deadline is not None and time.monotonic() >= deadline):
                 break
             logits = self.session.step(tok)
-            tok = sampler(logits)
+            tok = pick(logits)
+        pick.close()
         if not stopped_by_string:
             text += decoder.flush()
         if on_text and len(text) > emitted:
@@ -319,5 +341,7 @@ class Engine:
             tokenize_ms=tokenize_ms, restore_ms=pre.restore_ms, prefill_ms=pre.prefill_ms, decode_ms=decode_ms,
             snapshot_tier=pre.snapshot_tier,
             snapshot_bytes=pre.snapshot_bytes if pre.snapshot_tier else pre.checkpoint_bytes,
-            timings={"checkpoint_ms": pre.checkpoint_ms, "checkpoints": float(len(pre.checkpoints))},
+            timings={"checkpoint_ms": pre.checkpoint_ms, "checkpoints": float(len(pre.checkpoints)),
+                     **({"grammar_ms": grammar_ms} if grammar is not None else {}), **pick.timings()},
+            logprobs=pick.logprobs, grammar_error=constraint.error if constraint is not None else None,
         )

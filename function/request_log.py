@@ -109,6 +109,11 @@ class RequestLog:
             f[s] += float(getattr(result, s) or 0.0)
         f["snapshot_tier"] = getattr(result, "snapshot_tier", None)
         f["snapshot_bytes"] = int(getattr(result, "snapshot_bytes", 0) or 0)
+        timings = getattr(result, "timings", None) or {}
+        if "grammar_ms" in timings:   # a constrained request: compile (inside tokenize_ms) and mask cost
+            f["grammar_ms"] = float(timings["grammar_ms"])
+            f["mask_ms"] = float(timings.get("mask_ms", 0.0))
+            f["masked_steps"] = int(timings.get("masked_steps", 0))
 
     def finish(self, status: int, error_code: str | None = None) -> dict:
         """Compute totals, print the line (once) and return it."""

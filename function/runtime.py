@@ -27,6 +27,7 @@ from .errors import APIError, bad_request, context_overflow, internal, method_no
     not_found, unauthorized
 from .request_log import RequestLog, emit, init_line
 from .settings import FunctionSettings
+from .structured import grammar_for, logprob_entries
 from .tool_calls import parse_output
 from .watchdog import Watchdog
 
@@ -279,8 +280,9 @@ class Runtime:
     # ------------------------------------------------------------------ generation
 
     def _generate(self, eng, greq: oa.GenRequest, log: RequestLog, dl):
-        from engine.generate import SamplingParams
+        from engine.constraints import GrammarError
         from engine.errors import ContextOverflow
+        from engine.generate import SamplingParams
 
         chat = greq.route == "chat"
         param = "messages" if chat else "prompt"
@@ -306,14 +308,27 @@ class Runtime:
             DEFAULT_CHAT_MAX_TOKENS if chat else DEFAULT_COMPLETION_MAX_TOKENS)
         max_tokens = min(max_tokens, eng.n_ctx) if not explicit else max_tokens
         s = greq.sampling
+        n_vocab = getattr(eng.tokenizer, "n_vocab", None)
+        for tid in s.logit_bias:
+            if isinstance(n_vocab, int) and tid >= n_vocab:
+                raise bad_request(f"'logit_bias' names token {tid}; the vocabulary has {n_vocab}", f"logit_bias.{tid}")
         sampling = SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p,
-                                  seed=s.seed)
+                                  seed=s.seed, logit_bias=dict(s.logit_bias), presence_penalty=s.presence_penalty,
+                                  frequency_penalty=s.frequency_penalty)
+        try:
+            grammar = grammar_for(greq)
+        except GrammarError as exc:
+            raise bad_request(f"'{exc.field}' cannot be enforced: {exc.reason}", exc.field,
+                              "unsupported_schema") from None
+        if grammar is not None:
+            log.set(grammar=grammar.kind)
+        top_n = greq.top_logprobs if greq.logprobs else None
         pieces: list[str] = []
 
         def run(mt):
             pieces.clear()
             return eng.generate(prompt, max_tokens=mt, sampling=sampling, stop=list(greq.stop),
-                                deadline=dl.at, on_text=pieces.append)
+                                deadline=dl.at, on_text=pieces.append, grammar=grammar, logprobs=top_n)
 
         def attempt(mt):
             # a refused attempt has tokenized the prompt and checked its length: that time is tokenize_ms
@@ -338,6 +353,9 @@ class Runtime:
             raise context_overflow(exc.prompt_tokens, exc.max_tokens, exc.n_ctx, param) from None
         except APIError:
             raise
+        except GrammarError as exc:            # llguidance rejected a construct of the schema / grammar
+            raise bad_request(f"'{exc.field}' cannot be enforced: {exc.reason}", exc.field,
+                              "unsupported_schema") from None
         except ValueError as exc:              # the engine refusing this input: the client's to fix
             emit({"event": "engine_rejected_input", "error": str(exc), "traceback": traceback.format_exc(limit=6)})
             raise bad_request(f"the engine rejected the input: {exc}", param, "invalid_input") from None
@@ -349,29 +367,38 @@ class Runtime:
             rid = oa.new_id("chatcmpl" if chat else "cmpl")
             created = oa.now()
             use = oa.usage(result.prompt_tokens, result.completion_tokens, result.reused_tokens)
+            lps = logprob_entries(eng.tokenizer, result.logprobs) if result.logprobs is not None else None
+            if result.grammar_error:
+                emit({"event": "grammar_error", "request_id": log.fields.get("request_id"),
+                      "error": result.grammar_error})
             if chat:
-                opens_think = isinstance(prompt, str) and prompt.rstrip().endswith("<think>")
+                # the prompt says whether it opened a <think> block (Qwen3.5 ends it with "<think>\n")
+                opens_think = bool(getattr(prompt, "opens_reasoning", False))
                 parsed = parse_output(result.text, tools=greq.tools if greq.parse_tool_calls else None,
                                       prompt_opens_think=opens_think)
+                chat_lp = oa.chat_logprobs(lps) if lps is not None else None
                 finish = "tool_calls" if parsed.tool_calls else result.finish_reason
                 log.set(finish_reason=finish)
                 if greq.stream:
                     content_pieces = pieces if "".join(pieces) == parsed.content else [parsed.content]
                     chunks = oa.chat_chunks(rid, created, eng.model_id, content_pieces=content_pieces,
                                             reasoning=parsed.reasoning, tool_calls=parsed.tool_calls,
-                                            finish_reason=finish, use=use if greq.include_usage else None)
+                                            finish_reason=finish, use=use if greq.include_usage else None,
+                                            logprobs=chat_lp)
                     return 200, oa.sse(chunks), "text/event-stream; charset=utf-8"
                 msg = oa.chat_message(parsed.content, parsed.reasoning, parsed.tool_calls)
-                return 200, oa.chat_completion(rid, created, eng.model_id, msg, finish, use), "application/json"
+                return 200, oa.chat_completion(rid, created, eng.model_id, msg, finish, use, chat_lp), \
+                    "application/json"
             log.set(finish_reason=result.finish_reason)
+            text_lp = oa.completion_logprobs(lps) if lps is not None else None
             if greq.stream:
                 pcs = pieces if "".join(pieces) == result.text else [result.text]
                 chunks = oa.completion_chunks(rid, created, eng.model_id, pieces=pcs,
                                               finish_reason=result.finish_reason,
-                                              use=use if greq.include_usage else None)
+                                              use=use if greq.include_usage else None, logprobs=text_lp)
                 return 200, oa.sse(chunks), "text/event-stream; charset=utf-8"
             return 200, oa.text_completion(rid, created, eng.model_id, result.text, result.finish_reason,
-                                           use), "application/json"
+                                           use, text_lp), "application/json"
 
     @staticmethod
     def _template_kwargs(greq: oa.GenRequest) -> dict:
