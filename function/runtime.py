@@ -46,6 +46,16 @@ DEFAULT_CHAT_MAX_TOKENS = 2048     # capped by the context; the deadline stops l
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 
+def _build_grammar_trie(eng) -> None:
+    t0 = time.perf_counter()
+    try:
+        from engine.constraints import grammar_tokenizer
+        grammar_tokenizer(eng.tokenizer)
+        emit({"event": "grammar_trie", "ms": round((time.perf_counter() - t0) * 1000.0, 1)})
+    except Exception as exc:   # constrained requests will retry (and report) on their own
+        emit({"event": "grammar_trie", "error": f"{type(exc).__name__}: {exc}"})
+
+
 def public_load_reason(exc: BaseException) -> str:
     """Why the model is unavailable, in words an API caller may read: the detail (file paths, S3
     URIs, stack) stays in the ``model_load_error`` log line."""
@@ -123,6 +133,10 @@ class Runtime:
                           cpu=paths.summary(), kernels=eng.kernel_paths)
             self.engine = eng
             self.error = None
+            # llguidance's token trie for the vocabulary (~2-3 s for Qwen3.5's 248k tokens) is built
+            # off the init path, so the first constrained request (tools included) rarely waits for it
+            threading.Thread(target=_build_grammar_trie, args=(eng,), name="warmllm-grammar-trie",
+                             daemon=True).start()
         except Exception as exc:
             why = f"{type(exc).__name__}: {exc}"
             try:
