@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
             r = eng.generate(prompt, max_tokens=a.tokens, sampling=no_eog, grammar=grammar)
             rounds.append({"kind": kind, "tokens": r.completion_tokens, "decode_ms": round(r.decode_ms, 2),
                            "tok_s": round(r.completion_tokens / r.decode_ms * 1e3, 3),
-                           "mask_ms": round(r.timings.get("mask_ms", 0.0), 2)})
+                           "mask_ms": round(r.grammar_timings.get("mask_ms", 0.0), 2)})
     best = {k: max((x for x in rounds if x["kind"] == k), key=lambda x: x["tok_s"]) for k in ("free", "json_schema")}
     out = {"model": a.model, "n_vocab": tok.n_vocab, "threads": eng.threads, "tokens": a.tokens,
            "trie_build_ms": round(trie_ms, 1), "tools": len(TOOLS), "tools_compile_ms": round(tools_compile_ms, 2),

@@ -61,5 +61,4 @@ class TokenPicker:
         c = self.constraint
         if c is None:
             return {}
-        return {"grammar_compile_ms": c.compiled.compile_ms, "mask_ms": c.mask_ms,
-                "masked_steps": float(c.masked_steps)}
+        return {"mask_ms": c.mask_ms, "masked_steps": float(c.masked_steps)}

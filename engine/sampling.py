@@ -4,12 +4,25 @@ before it, OpenAI's logit_bias and presence / frequency penalties; after it, the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 
-@dataclass
+class SamplingError(ValueError):
+    """A sampling field out of range; `field` names it (the function's 400 `param`)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+@dataclass(frozen=True)
 class SamplingParams:
+    """How to choose each token: the one sampling type, from the API request (the function
+    builds it from the OpenAI fields) to the Sampler. Checked once, when made."""
+
     temperature: float = 1.0  # 0 → greedy
     top_p: float = 1.0
     top_k: int = 0  # 0 → off
@@ -22,21 +35,21 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
 
-    def validate(self) -> None:
+    def __post_init__(self) -> None:
         if not (self.temperature >= 0):
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+            raise SamplingError("temperature", f"temperature must be >= 0, got {self.temperature}")
         if not (0 < self.top_p <= 1):
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise SamplingError("top_p", f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+            raise SamplingError("top_k", f"top_k must be >= 0 (0: off), got {self.top_k}")
         if not (0 <= self.min_p <= 1):
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+            raise SamplingError("min_p", f"min_p must be in [0, 1], got {self.min_p}")
         for name in ("presence_penalty", "frequency_penalty"):
             if not (-2.0 <= getattr(self, name) <= 2.0):
-                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+                raise SamplingError(name, f"{name} must be in [-2, 2], got {getattr(self, name)}")
         for tid, bias in self.logit_bias.items():
             if not (-100.0 <= bias <= 100.0):
-                raise ValueError(f"logit_bias[{tid}] must be in [-100, 100], got {bias}")
+                raise SamplingError(f"logit_bias.{tid}", f"logit_bias[{tid}] must be in [-100, 100], got {bias}")
 
     @property
     def adjusts_logits(self) -> bool:
@@ -47,7 +60,11 @@ class Sampler:
     """Stateful only through its random generator, so a seed reproduces a whole generation."""
 
     def __init__(self, params: SamplingParams) -> None:
-        params.validate()
+        # numpy here, not at module scope: the function imports SamplingParams while parsing
+        # requests, and its module import (Lambda's init) loads numpy in the model-load thread
+        import numpy as np
+
+        self._np = np
         self.params = params
         self.rng = np.random.default_rng(params.seed)
         self.counts: dict[int, int] = {}  # generated token -> how often (for the penalties)
@@ -57,12 +74,13 @@ class Sampler:
     def adjust(self, logits: np.ndarray) -> np.ndarray:
         """``logits`` with logit_bias and the penalties applied (a new array when anything applies;
         the input, which may be the model's buffer, is never written)."""
+        np = self._np
         p = self.params
         if not p.adjusts_logits:
             return logits
         if self._bias_ids.size and int(self._bias_ids.max()) >= logits.shape[-1]:
-            raise ValueError(f"logit_bias names token {int(self._bias_ids.max())}; the vocabulary has "
-                             f"{logits.shape[-1]}")
+            raise SamplingError("logit_bias", f"logit_bias names token {int(self._bias_ids.max())}; the vocabulary "
+                                f"has {logits.shape[-1]}")
         z = np.array(logits, dtype=np.float32, copy=True)
         if self._bias_ids.size:
             z[self._bias_ids] += self._bias
@@ -77,6 +95,7 @@ class Sampler:
         self.counts[token] = self.counts.get(token, 0) + 1
 
     def __call__(self, logits: np.ndarray) -> int:
+        np = self._np
         p = self.params
         if p.temperature == 0:
             return int(np.argmax(logits))
@@ -104,6 +123,8 @@ def top_logprobs(logits: np.ndarray, token: int, n: int) -> tuple[float, list[tu
     """(log-probability of ``token``, the ``n`` most likely tokens with theirs) under softmax(logits):
     the distribution the sampler chose from, after logit_bias, penalties and the grammar mask and
     before temperature / top-k / top-p (vLLM's and llama-server's convention)."""
+    import numpy as np
+
     z = logits.astype(np.float64)
     m = float(np.max(z))
     lse = m + float(np.log(np.sum(np.exp(z - m))))

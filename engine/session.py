@@ -16,8 +16,9 @@ piece: a 538-token agent prompt with checkpoints at 256, 504, 512 and 533 took 9
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from collections.abc import Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -43,13 +44,11 @@ class PrefillResult:
     checkpoint_bytes: int = 0  # in-memory size of those captures
     checkpoint_ms: float = 0.0  # time spent storing them (inside prefill_ms; the copies are made in the forward)
 
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    @property
+    def snapshot_or_checkpoint_bytes(self) -> int:
+        """The request log's `snapshot_bytes`: the restored snapshot's size or, when nothing
+        was restored, the in-memory size of what this call captured."""
+        return self.snapshot_bytes if self.snapshot_tier else self.checkpoint_bytes
 
 
 def checkpoint_positions(n_prompt: int, start: int, boundaries: Sequence[int] = (), every: int = 0,
@@ -94,26 +93,19 @@ class Session:
         self.state = self.model.new_state()
         self.last_logits = None
 
-    def prefill(self, prompt: Sequence[int], boundaries: Sequence[int] = (), *,
-                release_writes: bool = True) -> PrefillResult:
+    def prefill(self, prompt: Sequence[int], boundaries: Sequence[int] = ()) -> PrefillResult:
         """Make the state hold `prompt`, reusing whatever is held or stored.
 
-        `boundaries`: token positions worth a checkpoint (chat-message ends). With
-        `release_writes=False` the store's background writes stay held until the caller
-        releases them (generate does so after the first token).
+        `boundaries`: token positions worth a checkpoint (chat-message ends). The store's
+        background writes wait while this runs; a caller that needs them to wait longer (the
+        engine, until the first token is out) opens `store.writes_held()` around it.
         """
         prompt = [int(t) for t in prompt]
         if not prompt:
             raise ValueError("prompt has no tokens")
         t0 = time.perf_counter()
-        store = self.store
-        if store is not None:
-            store.hold()
-        try:
+        with self.store.writes_held() if self.store is not None else nullcontext():
             return self._prefill(prompt, boundaries, t0)
-        finally:
-            if store is not None and release_writes:
-                store.release()
 
     def _prefill(self, prompt: list[int], boundaries: Sequence[int], t0: float) -> PrefillResult:
         n = len(prompt)

@@ -20,21 +20,22 @@ import traceback
 import uuid
 from typing import TYPE_CHECKING
 
+from engine.jsonlog import emit
+
 from . import deadline as deadline_mod
 from . import events
 from . import openai_schema as oa
 from .errors import APIError, bad_request, context_overflow, internal, method_not_allowed, model_unavailable, \
     not_found, unauthorized
-from .request_log import RequestLog, emit, init_line
+from .request_log import RequestLog, init_line
 from .settings import FunctionSettings
 from .structured import grammar_for, logprob_entries
 from .tool_calls import parse_output
 from .watchdog import Watchdog
 
 if TYPE_CHECKING:  # loaded in the init thread, never at import (cold start)
+    from engine.chat_template import ChatPrompt
     from engine.generate import Engine
-
-    from .model_source import ResolvedModel
 
 ROUTES = {
     "/v1/chat/completions": ("POST", "chat"),
@@ -42,11 +43,10 @@ ROUTES = {
     "/v1/models": ("GET", "models"),
     "/health": ("GET", "health"),
 }
-DEFAULT_CHAT_MAX_TOKENS = 2048     # capped by the context; the deadline stops long answers anyway
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 
-def _build_grammar_trie(eng) -> None:
+def _build_grammar_trie(eng: Engine) -> None:
     t0 = time.perf_counter()
     try:
         from engine.constraints import grammar_tokenizer
@@ -96,7 +96,6 @@ class Runtime:
         self.error_public: str | None = None   # what a 503 body says (no internal paths)
         self.error_permanent = False
         self.failed_at = 0.0
-        self.resolved: ResolvedModel | None = None
         self._thread: threading.Thread | None = None
         self._load_started = 0.0
         self._init_reported = False
@@ -122,7 +121,6 @@ class Runtime:
         try:
             from . import model_source
             res = model_source.resolve(self.settings, s3_client=self.s3_client)
-            self.resolved = res
             fields.update(model_source=res.source, model_uri=res.uri, model_bytes=res.bytes,
                           downloaded=res.downloaded, download_ms=res.download_ms)
             from engine.generate import Engine
@@ -133,7 +131,7 @@ class Runtime:
                           cpu=paths.summary(), kernels=eng.kernel_paths)
             self.engine = eng
             self.error = None
-            # llguidance's token trie for the vocabulary (~2-3 s for Qwen3.5's 248k tokens) is built
+            # llguidance's token trie for the vocabulary (~1-2 s for Qwen3.5's 248k tokens) is built
             # off the init path, so the first constrained request (tools included) rarely waits for it
             threading.Thread(target=_build_grammar_trie, args=(eng,), name="warmllm-grammar-trie",
                              daemon=True).start()
@@ -293,42 +291,40 @@ class Runtime:
 
     # ------------------------------------------------------------------ generation
 
-    def _generate(self, eng, greq: oa.GenRequest, log: RequestLog, dl):
+    def _generate(self, eng: Engine, greq: oa.GenRequest, log: RequestLog, dl: deadline_mod.Deadline):
         from engine.constraints import GrammarError
         from engine.errors import ContextOverflow
-        from engine.generate import SamplingParams
 
         chat = greq.route == "chat"
         param = "messages" if chat else "prompt"
+        prompt: ChatPrompt | str | list[int]
+        opens_reasoning = False  # the template began the reply inside <think>
         if chat:
             with log.stage("template_ms"):
                 try:
                     # chat_prompt keeps the message boundaries: the prefill checkpoints there, so
                     # another conversation with the same system + tools resumes from a snapshot
-                    prompt = eng.chat_prompt(greq.messages, tools=greq.tools, add_generation_prompt=True,
-                                             **self._template_kwargs(greq))
+                    cp = eng.chat_prompt(greq.messages, tools=greq.tools, add_generation_prompt=True,
+                                         **self._template_kwargs(greq))
+                    prompt, opens_reasoning = cp, cp.opens_reasoning
                 except ValueError as exc:      # engine.chat_template.TemplateError is a ValueError
                     raise bad_request(f"the chat template rejected the messages: {exc}", "messages",
                                       "invalid_messages") from None
         else:
+            assert greq.prompt is not None  # parse_completion requires it
             prompt = greq.prompt
             if isinstance(prompt, list):
-                n_vocab = getattr(eng.tokenizer, "n_vocab", None)
-                if isinstance(n_vocab, int) and prompt and max(prompt) >= n_vocab:
+                n_vocab = eng.tokenizer.n_vocab
+                if prompt and max(prompt) >= n_vocab:
                     raise bad_request(f"'prompt' holds token id {max(prompt)}; the vocabulary has {n_vocab}",
                                       "prompt")
-        explicit = greq.max_tokens is not None
-        max_tokens = greq.max_tokens if explicit else (
-            DEFAULT_CHAT_MAX_TOKENS if chat else DEFAULT_COMPLETION_MAX_TOKENS)
-        max_tokens = min(max_tokens, eng.n_ctx) if not explicit else max_tokens
-        s = greq.sampling
-        n_vocab = getattr(eng.tokenizer, "n_vocab", None)
-        for tid in s.logit_bias:
-            if isinstance(n_vocab, int) and tid >= n_vocab:
-                raise bad_request(f"'logit_bias' names token {tid}; the vocabulary has {n_vocab}", f"logit_bias.{tid}")
-        sampling = SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p,
-                                  seed=s.seed, logit_bias=dict(s.logit_bias), presence_penalty=s.presence_penalty,
-                                  frequency_penalty=s.frequency_penalty)
+        # absent max_tokens: chat fills the rest of the context (the engine's None; the deadline
+        # stops long answers), completions take OpenAI's default of 16
+        max_tokens = greq.max_tokens if greq.max_tokens is not None or chat else DEFAULT_COMPLETION_MAX_TOKENS
+        for tid in greq.sampling.logit_bias:
+            if tid >= eng.tokenizer.n_vocab:
+                raise bad_request(f"'logit_bias' names token {tid}; the vocabulary has {eng.tokenizer.n_vocab}",
+                                  f"logit_bias.{tid}")
         try:
             grammar = grammar_for(greq)
         except GrammarError as exc:
@@ -336,61 +332,39 @@ class Runtime:
                               "unsupported_schema") from None
         if grammar is not None:
             log.set(grammar=grammar.kind)
-        top_n = greq.top_logprobs if greq.logprobs else None
         pieces: list[str] = []
-
-        def run(mt):
-            pieces.clear()
-            return eng.generate(prompt, max_tokens=mt, sampling=sampling, stop=list(greq.stop),
-                                deadline=dl.at, on_text=pieces.append, grammar=grammar, logprobs=top_n)
-
-        def attempt(mt):
-            # a refused attempt has tokenized the prompt and checked its length: that time is tokenize_ms
-            t = time.perf_counter()
-            try:
-                return run(mt)
-            except (ContextOverflow, ValueError):
-                log.add_ms("tokenize_ms", (time.perf_counter() - t) * 1000.0)
-                raise
-
+        t = time.perf_counter()
         try:
-            try:
-                result = attempt(max_tokens)
-            except ContextOverflow as exc:
-                if explicit or exc.prompt_tokens >= exc.n_ctx:
-                    raise context_overflow(exc.prompt_tokens, exc.max_tokens if explicit else 1, exc.n_ctx,
-                                           param) from None
-                # no max_tokens given: fill the rest of the context (the deadline still applies)
-                max_tokens = exc.n_ctx - exc.prompt_tokens
-                result = attempt(max_tokens)
-        except ContextOverflow as exc:
-            raise context_overflow(exc.prompt_tokens, exc.max_tokens, exc.n_ctx, param) from None
-        except APIError:
-            raise
-        except GrammarError as exc:            # llguidance rejected a construct of the schema / grammar
-            raise bad_request(f"'{exc.field}' cannot be enforced: {exc.reason}", exc.field,
-                              "unsupported_schema") from None
-        except ValueError as exc:              # the engine refusing this input: the client's to fix
+            result = eng.generate(prompt, max_tokens=max_tokens, sampling=greq.sampling, stop=list(greq.stop),
+                                  deadline=dl.at, on_text=pieces.append, grammar=grammar,
+                                  logprobs=greq.top_logprobs if greq.logprobs else None)
+        except ValueError as exc:
+            # a refused call has tokenized the prompt and checked its length: that time is tokenize_ms
+            log.add_ms("tokenize_ms", (time.perf_counter() - t) * 1000.0)
+            if isinstance(exc, ContextOverflow):
+                raise context_overflow(exc.prompt_tokens, exc.max_tokens, exc.n_ctx, param) from None
+            if isinstance(exc, GrammarError):  # llguidance rejected a construct of the schema / grammar
+                raise bad_request(f"'{exc.field}' cannot be enforced: {exc.reason}", exc.field,
+                                  "unsupported_schema") from None
+            # the engine refusing this input: the client's to fix
             emit({"event": "engine_rejected_input", "error": str(exc), "traceback": traceback.format_exc(limit=6)})
             raise bad_request(f"the engine rejected the input: {exc}", param, "invalid_input") from None
         log.add_generation(result)
-        log.set(max_tokens=max_tokens,
-                deadline_hit=result.finish_reason == "length" and result.completion_tokens < max_tokens)
 
         with log.stage("respond_ms"):
             rid = oa.new_id("chatcmpl" if chat else "cmpl")
             created = oa.now()
-            use = oa.usage(result.prompt_tokens, result.completion_tokens, result.reused_tokens)
+            use = oa.usage(result.prompt_tokens, result.completion_tokens, result.prefill.reused_tokens)
             lps = logprob_entries(eng.tokenizer, result.logprobs) if result.logprobs is not None else None
             if result.grammar_error:
                 emit({"event": "grammar_error", "request_id": log.fields.get("request_id"),
                       "error": result.grammar_error})
             if chat:
-                # the prompt says whether it opened a <think> block (Qwen3.5 ends it with "<think>\n")
-                opens_think = bool(getattr(prompt, "opens_reasoning", False))
-                parsed = parse_output(result.text, tools=greq.tools if greq.parse_tool_calls else None,
-                                      prompt_opens_think=opens_think)
                 chat_lp = oa.chat_logprobs(lps) if lps is not None else None
+                # a reply the template began inside <think> is reasoning until it closes it,
+                # also when max_tokens or the deadline cut it first
+                parsed = parse_output(result.text, tools=greq.tools if greq.parse_tool_calls else None,
+                                      prompt_opens_think=opens_reasoning)
                 finish = "tool_calls" if parsed.tool_calls else result.finish_reason
                 log.set(finish_reason=finish)
                 if greq.stream:
