@@ -67,6 +67,8 @@ def sse_chunks(body: str) -> list[dict]:
 SCHEMA_LEAVES = st.one_of(
     st.tuples(st.integers(-20, 20), st.integers(0, 30)).map(
         lambda t: {"type": "integer", "minimum": t[0], "maximum": t[0] + t[1]}),
+    st.tuples(st.integers(-5, 5), st.integers(1, 10)).map(
+        lambda t: {"type": "number", "minimum": t[0], "maximum": t[0] + t[1]}),
     st.integers(0, 6).map(lambda n: {"type": "string", "maxLength": n}),
     st.just({"type": "string", "pattern": "^[a-c]{1,4}$"}),
     st.just({"type": "boolean"}),
@@ -78,7 +80,9 @@ OBJECTS = st.dictionaries(st.sampled_from(["a", "b", "name", "n"]), SCHEMA_LEAVE
         lambda req: {"type": "object", "properties": props, "required": req, "additionalProperties": False}))
 NESTED = st.one_of(OBJECTS, OBJECTS.map(lambda inner: {"type": "object", "properties": {"inner": inner},
                                                        "required": ["inner"], "additionalProperties": False}))
-FEW = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# 25 examples keep the suite fast; WARMLLM_HYPOTHESIS_EXAMPLES=300 for a longer hunt
+FEW = settings(max_examples=int(os.environ.get("WARMLLM_HYPOTHESIS_EXAMPLES", "25")), deadline=None,
+               suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 @FEW
