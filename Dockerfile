@@ -26,11 +26,13 @@ ENV LAMBDA_TASK_ROOT=/var/task \
 
 WORKDIR /var/task
 
-# Dependencies: exactly pyproject.toml's runtime list (pinned numpy/numba/llvmlite), awslambdaric included.
+# Dependencies: exactly pyproject.toml's runtime list (pinned numpy/numba/llvmlite), awslambdaric and
+# llguidance (constrained decoding; its abi3 wheel needs glibc 2.31, the base image has 2.34) included.
 COPY pyproject.toml ./
 RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml','rb'))['project']['dependencies']))" \
         > /tmp/requirements.txt \
  && pip install -r /tmp/requirements.txt \
+ && python -c "import llguidance, tokenizers, numba" \
  && SP=$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') \
  && rm -rf "$SP/numba/tests" "$SP/numba/cuda" "$SP/numpy/_core/tests" "$SP/llvmlite/tests" \
  && rm /tmp/requirements.txt

@@ -237,6 +237,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", default=None)
     ap.add_argument("--rounds", type=int, default=2, help="alternating ours / llama.cpp runs; best of them")
     ap.add_argument("--agent-rounds", type=int, default=3, help="agent-shape runs on Q4_K_M (0: skip)")
+    ap.add_argument("--constrained-rounds", type=int, default=2,
+                    help="decode with a JSON schema vs unconstrained on Q4_K_M with Qwen3.5's vocabulary "
+                         "(bench.constrained; 0: skip)")
     ap.add_argument("--modes", default=None,
                     help="comma-separated: native, native-pinned, avx2 (see the module docstring); "
                          "default native,avx2,native-pinned (--large: native)")
@@ -283,11 +286,33 @@ def main() -> int:
         receipt["agent_prefix"] = {"model": str(agent_model.relative_to(ROOT)), "summary": agent_summary(runs),
                                    "rounds": runs}
         _print_agent(receipt["agent_prefix"]["summary"])
+    if a.constrained_rounds > 0:
+        receipt["constrained"] = constrained(a.preset, a.threads, a.constrained_rounds)
+        c = receipt["constrained"]
+        print(f"\nconstrained decoding ({c.get('model')}): json_schema {c.get('json_schema_tok_s')} tok/s vs "
+              f"free {c.get('free_tok_s')} (ratio {c.get('ratio')}, goal >= 0.9), mask "
+              f"{c.get('mask_ms_per_token')} ms/token, {c.get('tools')}-tool grammar compile "
+              f"{c.get('tools_compile_ms')} ms (goal <= 50), trie build {c.get('trie_build_ms')} ms")
+        if "error" in c:
+            print(f"constrained run failed: {c['error']}")
     out = Path(a.out) if a.out else ROOT / "bench" / "results" / f"{dt.datetime.now():%Y%m%d-%H%M%S}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(receipt, indent=2))
     print(f"receipt: {out}")
     return 0
+
+
+def constrained(preset: str, threads: int, rounds: int) -> dict:
+    """bench.constrained in its own process on the Q4_K_M model with the real vocabulary (the
+    factory vocabulary's fillers would make the mask look free), unpinned as on Lambda."""
+    model = ROOT / "models" / f"{preset}-Q4_K_M-qwen35.gguf"
+    if not model.exists():
+        subprocess.run([sys.executable, "-m", "engine", "make-model", "--preset", preset, "--weights", "Q4_K_M",
+                        "--vocab", "qwen35", "--seed", "0", "--out", str(model)], check=True, cwd=ROOT)
+    env = {k: v for k, v in os.environ.items() if k not in PINS}
+    env["WARMLLM_THREADS"] = str(threads)
+    return _py(["-m", "bench.constrained", "--model", str(model.relative_to(ROOT)), "--rounds", str(rounds),
+                "--threads", str(threads)], env)
 
 
 def _print(run: dict) -> None:

@@ -9,14 +9,16 @@ import contextlib
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from engine import threads as threads_mod
 from engine.chat_template import (TURN_START, ChatPrompt, ChatTemplate, TemplateError, TemplateLimitError,
-                                   opens_reasoning, through_role_header)
+                                   literal_spans, opens_reasoning, through_role_header, user_texts)
+from engine.constraints import Constraint, GrammarSpec, compile_grammar
+from engine.decoding import TokenLogprob, TokenPicker
 from engine.errors import ContextOverflow, ModelLoadError
 from engine.gguf_file import GGUFFile
 from engine.jsonlog import LogFn, log_event
@@ -46,6 +48,11 @@ class GenerationResult:
     tokenize_ms: float
     decode_ms: float
     prefill: PrefillResult
+    logprobs: list[TokenLogprob] | None = None  # per generated token, when asked for
+    # a constrained generation: grammar_ms (compile, ~0 when cached; inside tokenize_ms), mask_ms,
+    # masked_steps
+    grammar_timings: dict[str, float] = field(default_factory=dict)
+    grammar_error: str | None = None  # the grammar engine gave up mid-generation (never expected)
 
     @property
     def completion_tokens(self) -> int:
@@ -171,7 +178,9 @@ class Engine:
             text = self.render_chat(messages, tools=tools, add_generation_prompt=add_generation_prompt,
                                     **template_kwargs)
             offsets = self._boundary_offsets(messages, tools, text, template_kwargs)
-        ids, spliced = self._encode_reusing(text)
+        # what the caller wrote stays text: <|im_start|> typed in a message is no turn marker
+        literal = literal_spans(text, user_texts(messages, tools), self.tokenizer.control_texts)
+        ids, spliced = self._encode_reusing(text, literal)
         return ChatPrompt(text, ids, self._offsets_to_positions(ids, offsets), spliced,
                           opens_reasoning=add_generation_prompt and opens_reasoning(text))
 
@@ -231,12 +240,13 @@ class Engine:
                 positions.append(i + 1)
         return positions
 
-    def _encode_reusing(self, text: str) -> tuple[list[int], int]:
+    def _encode_reusing(self, text: str, literal: Sequence[tuple[int, int]] = ()) -> tuple[list[int], int]:
         """Tokenize `text`; if it begins with exactly the text of the tokens the warm session
         holds, keep those tokens and tokenize only the rest. After a chat turn the session holds
         the prompt plus the model's own reply tokens; the next turn's rendering contains the
         same reply text, and re-tokenizing it may pick different (equally valid) tokens, which
-        would break `extend`. Returns (ids, how many leading ids came from the session)."""
+        would break `extend`. `literal`: character ranges encoded without special-token parsing.
+        Returns (ids, how many leading ids came from the session)."""
         held = self.session.tokens
         if held and self.session.last_logits is not None:
             try:
@@ -244,9 +254,11 @@ class Engine:
             except UnicodeDecodeError:
                 head = None
             if head and len(head) < len(text) and text.startswith(head):
-                rest = self.tokenizer.encode(text[len(head):], add_special=False)
+                cut = len(head)
+                tail = [(max(a, cut) - cut, b - cut) for a, b in literal if b > cut]
+                rest = self.tokenizer.encode_with_literals(text[cut:], tail, add_special=False)
                 return list(held) + rest, len(held)
-        return self.tokenizer.encode(text), 0
+        return self.tokenizer.encode_with_literals(text, literal), 0
 
     def encode_prompt(self, prompt: str | list[int] | ChatPrompt) -> tuple[list[int], list[int]]:
         """(ids, checkpoint boundaries) for any prompt form generate() accepts."""
@@ -264,11 +276,15 @@ class Engine:
     def generate(self, prompt: str | list[int] | ChatPrompt, *, max_tokens: int | None = None,
                  sampling: SamplingParams | None = None,
                  stop: Sequence[str] = (), deadline: float | None = None,
-                 on_text: Callable[[str], None] | None = None) -> GenerationResult:
+                 on_text: Callable[[str], None] | None = None,
+                 grammar: GrammarSpec | None = None, logprobs: int | None = None) -> GenerationResult:
         """Prefill `prompt` (reusing the warm session and snapshots) and decode until an
         end-of-generation token, a `stop` string, `max_tokens`, or the `deadline` (a
         `time.monotonic()` value). `max_tokens=None` fills the rest of the context.
-        ContextOverflow: the prompt plus `max_tokens` (None: one token) do not fit."""
+        ContextOverflow: the prompt plus `max_tokens` (None: one token) do not fit.
+        `grammar`: constrain the reply (engine/constraints.py; it starts after ``</think>`` when
+        the chat prompt left reasoning open); a GrammarError if llguidance rejects it.
+        `logprobs`: None, or how many alternatives per token to report (0..20)."""
         t0 = time.perf_counter()
         ids, boundaries = self.encode_prompt(prompt)
         tokenize_ms = (time.perf_counter() - t0) * 1e3
@@ -280,7 +296,16 @@ class Engine:
         if len(ids) + need > self.n_ctx:
             raise ContextOverflow(len(ids), need, self.n_ctx)
         limit = self.n_ctx - len(ids) if max_tokens is None else max_tokens
-        sampler = Sampler(sampling or SamplingParams())
+        constraint = None
+        timings: dict[str, float] = {}
+        if grammar is not None:
+            tg = time.perf_counter()
+            compiled = compile_grammar(grammar, self.tokenizer)  # cached per grammar in the warm process
+            timings["grammar_ms"] = (time.perf_counter() - tg) * 1e3
+            tokenize_ms += timings["grammar_ms"]  # preparing the request: the log's stages still sum
+            opens = isinstance(prompt, ChatPrompt) and prompt.opens_reasoning
+            constraint = Constraint(compiled, self.tokenizer, reasoning_open=opens)
+        pick = TokenPicker(Sampler(sampling or SamplingParams()), constraint, logprobs)
         stops = [s for s in stop if s]
 
         # Background snapshot writes wait until the first token is out: the prefill and the
@@ -288,7 +313,7 @@ class Engine:
         with self.snapshots.writes_held():
             pre = self.session.prefill(ids, boundaries)
             t1 = time.perf_counter()
-            tok = sampler(pre.logits)
+            tok = pick(pre.logits)
         decoder = self.tokenizer.incremental_decoder()
         eog = self.tokenizer.eog_ids
         out: list[int] = []
@@ -302,6 +327,7 @@ class Engine:
                 finish = "stop"
                 break
             out.append(tok)
+            pick.accept(tok)
             text += decoder.feed(tok)
             hit = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
             if hit >= 0:
@@ -314,13 +340,17 @@ class Engine:
                 if safe > emitted:
                     on_text(text[emitted:safe])
                     emitted = safe
+            if pick.finished:  # the grammar is complete: only end-of-generation could follow
+                finish = "stop"
+                break
             if len(out) >= limit:
                 break
             if deadline is not None and time.monotonic() >= deadline:
                 deadline_hit = True
                 break
             logits = self.session.step(tok)
-            tok = sampler(logits)
+            tok = pick(logits)
+        pick.close()
         if not stopped_by_string:
             text += decoder.flush()
         if on_text and len(text) > emitted:
@@ -328,4 +358,6 @@ class Engine:
         decode_ms = (time.perf_counter() - t1) * 1e3
         return GenerationResult(text=text, token_ids=out, finish_reason=finish, prompt_tokens=len(ids),
                                 max_tokens=limit, deadline_hit=deadline_hit, tokenize_ms=tokenize_ms,
-                                decode_ms=decode_ms, prefill=pre)
+                                decode_ms=decode_ms, prefill=pre, logprobs=pick.logprobs,
+                                grammar_timings={**timings, **pick.timings()},
+                                grammar_error=constraint.error if constraint is not None else None)

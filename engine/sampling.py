@@ -1,7 +1,9 @@
-"""Next-token choice from logits: greedy, or temperature / top-k / top-p / min-p with a seed."""
+"""Next-token choice from logits: greedy, or temperature / top-k / top-p / min-p with a seed;
+before it, OpenAI's logit_bias and presence / frequency penalties; after it, the log-probabilities
+``logprobs`` asks for."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -26,6 +28,12 @@ class SamplingParams:
     top_k: int = 0  # 0 → off
     min_p: float = 0.0
     seed: int | None = None
+    # OpenAI semantics: bias added to a token's logit (-100..100); penalties subtract
+    # count * frequency_penalty + (count > 0) * presence_penalty for tokens already generated
+    # (the completion so far, not the prompt: vLLM's rule), each in -2..2.
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     def __post_init__(self) -> None:
         if not (self.temperature >= 0):
@@ -36,6 +44,16 @@ class SamplingParams:
             raise SamplingError("top_k", f"top_k must be >= 0 (0: off), got {self.top_k}")
         if not (0 <= self.min_p <= 1):
             raise SamplingError("min_p", f"min_p must be in [0, 1], got {self.min_p}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not (-2.0 <= getattr(self, name) <= 2.0):
+                raise SamplingError(name, f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        for tid, bias in self.logit_bias.items():
+            if not (-100.0 <= bias <= 100.0):
+                raise SamplingError(f"logit_bias.{tid}", f"logit_bias[{tid}] must be in [-100, 100], got {bias}")
+
+    @property
+    def adjusts_logits(self) -> bool:
+        return bool(self.logit_bias) or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
 
 class Sampler:
@@ -49,6 +67,32 @@ class Sampler:
         self._np = np
         self.params = params
         self.rng = np.random.default_rng(params.seed)
+        self.counts: dict[int, int] = {}  # generated token -> how often (for the penalties)
+        self._bias_ids = np.array(list(params.logit_bias), dtype=np.int64)
+        self._bias = np.array(list(params.logit_bias.values()), dtype=np.float32)
+
+    def adjust(self, logits: np.ndarray) -> np.ndarray:
+        """``logits`` with logit_bias and the penalties applied (a new array when anything applies;
+        the input, which may be the model's buffer, is never written)."""
+        np = self._np
+        p = self.params
+        if not p.adjusts_logits:
+            return logits
+        if self._bias_ids.size and int(self._bias_ids.max()) >= logits.shape[-1]:
+            raise SamplingError("logit_bias", f"logit_bias names token {int(self._bias_ids.max())}; the vocabulary "
+                                f"has {logits.shape[-1]}")
+        z = np.array(logits, dtype=np.float32, copy=True)
+        if self._bias_ids.size:
+            z[self._bias_ids] += self._bias
+        if self.counts and (p.presence_penalty or p.frequency_penalty):
+            ids = np.fromiter(self.counts, dtype=np.int64, count=len(self.counts))
+            n = np.fromiter(self.counts.values(), dtype=np.float32, count=len(self.counts))
+            z[ids] -= n * np.float32(p.frequency_penalty) + np.float32(p.presence_penalty)
+        return z
+
+    def observe(self, token: int) -> None:
+        """Count a generated token (the penalties act on the completion so far)."""
+        self.counts[token] = self.counts.get(token, 0) + 1
 
     def __call__(self, logits: np.ndarray) -> int:
         np = self._np
@@ -73,3 +117,22 @@ class Sampler:
         probs = np.exp(z - z[0])
         probs /= probs.sum()
         return int(candidates[self.rng.choice(n, p=probs)])
+
+
+def top_logprobs(logits: np.ndarray, token: int, n: int) -> tuple[float, list[tuple[int, float]]]:
+    """(log-probability of ``token``, the ``n`` most likely tokens with theirs) under softmax(logits):
+    the distribution the sampler chose from, after logit_bias, penalties and the grammar mask and
+    before temperature / top-k / top-p (vLLM's and llama-server's convention)."""
+    import numpy as np
+
+    z = logits.astype(np.float64)
+    m = float(np.max(z))
+    lse = m + float(np.log(np.sum(np.exp(z - m))))
+    chosen = float(z[token]) - lse
+    top: list[tuple[int, float]] = []
+    if n > 0:
+        k = min(n, z.size)
+        idx = np.argpartition(-z, k - 1)[:k]
+        idx = idx[np.argsort(-z[idx], kind="stable")]
+        top = [(int(i), float(z[i]) - lse) for i in idx if np.isfinite(z[i])]  # masked ones are no choice
+    return chosen, top

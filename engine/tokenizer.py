@@ -170,6 +170,7 @@ class Tokenizer:
         self.add_bos = bool(add_bos) and self.bos_id is not None
         self._piece_cache: dict[int, bytes] = {}
         self._lock = threading.Lock()
+        self._control_texts: tuple[str, ...] | None = None
 
         # The BPE vocabulary holds every token with its id (the last occurrence wins on a
         # duplicate text, as in llama.cpp's token_to_id); added tokens reuse those ids.
@@ -276,6 +277,41 @@ class Tokenizer:
                 self._hf.encode_special_tokens = False
         if add_special and self.add_bos and self.bos_id is not None:  # add_bos implies a bos_id
             ids.insert(0, self.bos_id)
+        return ids
+
+    @property
+    def control_texts(self) -> tuple[str, ...]:
+        """The texts of CONTROL tokens (``<|im_start|>`` ...): what must never be parsed out of
+        text a user wrote."""
+        texts = self._control_texts
+        if texts is None:
+            texts = tuple(sorted({self._tokens[i] for i, t in enumerate(self._types)
+                                  if t in (TokenType.CONTROL, TokenType.UNKNOWN) and self._tokens[i]}))
+            self._control_texts = texts
+        return texts
+
+    def encode_with_literals(self, text: str, literal: Sequence[tuple[int, int]],
+                             add_special: bool = True) -> list[int]:
+        """Token ids of ``text`` where the character ranges ``literal`` (sorted, disjoint
+        ``(start, end)``) are encoded with ``parse_special=False``: a chat prompt whose message
+        contents are text the user wrote, between the template's own markers, which stay special.
+        Without ranges this is :meth:`encode`."""
+        if not literal:
+            return self.encode(text, add_special=add_special)
+        ids: list[int] = []
+        if add_special and self.add_bos and self.bos_id is not None:
+            ids.append(self.bos_id)
+        pos = 0
+        for start, end in literal:
+            if not pos <= start <= end <= len(text):
+                raise ValueError(f"literal range ({start}, {end}) is out of order or outside the text")
+            if start > pos:
+                ids += self.encode(text[pos:start], parse_special=True, add_special=False)
+            if end > start:
+                ids += self.encode(text[start:end], parse_special=False, add_special=False)
+            pos = end
+        if pos < len(text):
+            ids += self.encode(text[pos:], parse_special=True, add_special=False)
         return ids
 
     def split_words(self, text: str) -> list[str]:

@@ -2,8 +2,8 @@
 
 Validation rules: unknown fields are ignored; ``null`` is the same as absent; a field of the
 wrong type or out of range is a 400 whose ``param`` names it (``messages[2].content[0].type``).
-Fields warmllm cannot honour (``n`` > 1, ``logprobs``, ``best_of`` > 1, ``echo``, non-text
-content parts) are a 400 that says so rather than being silently dropped.
+Fields warmllm cannot honour (``n`` > 1, ``best_of`` > 1, ``echo``, non-text content parts) are a
+400 that says so rather than being silently dropped. docs/function.md lists every field.
 """
 from __future__ import annotations
 
@@ -22,6 +22,21 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 @dataclass
+class Structured:
+    """A constraint on the output: ``kind`` json_schema | json_object | grammar | regex | choice,
+    ``value`` the schema / grammar text / regex / choices, ``param`` the field it came from."""
+    kind: str
+    value: object
+    param: str
+
+
+# reasoning_effort values accepted (OpenAI's, plus vLLM's "none"): "none" turns Qwen3.5's thinking
+# off; the others leave it on (the template has no budget to tune)
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+MAX_TOP_LOGPROBS = 20
+
+
+@dataclass
 class GenRequest:
     route: str
     model: str | None = None
@@ -30,11 +45,15 @@ class GenRequest:
     stop: list[str] = field(default_factory=list)
     stream: bool = False
     include_usage: bool = False
+    structured: Structured | None = None   # response_format / grammar / regex / structured_outputs
+    logprobs: bool = False
+    top_logprobs: int = 0
     # chat
     messages: list[dict] = field(default_factory=list)
     tools: list[dict] | None = None        # what the template renders (after tool_choice)
     tool_choice: object = None
     parse_tool_calls: bool = False
+    parallel_tool_calls: bool = True
     template_kwargs: dict = field(default_factory=dict)
     # completion
     prompt: str | list[int] | None = None
@@ -106,7 +125,7 @@ def _object(body: dict, name: str) -> dict | None:
     return v
 
 
-def _common(body: dict, route: str) -> GenRequest:
+def _common(body: dict, route: str, lim: Limits) -> GenRequest:
     req = GenRequest(route=route)
     req.model = _string(body, "model")
     _string(body, "user")
@@ -126,11 +145,12 @@ def _common(body: dict, route: str) -> GenRequest:
             top_k=_top_k(body),
             min_p=_number(body, "min_p", None, None, 0.0),
             seed=_seed(body),
+            presence_penalty=_number(body, "presence_penalty", -2.0, 2.0, 0.0),
+            frequency_penalty=_number(body, "frequency_penalty", -2.0, 2.0, 0.0),
+            logit_bias=_logit_bias(body),
         )
     except SamplingError as exc:
         raise bad_request(str(exc), exc.field) from None
-    for name in ("presence_penalty", "frequency_penalty"):
-        _number(body, name, -2.0, 2.0, 0.0)       # accepted, not applied (documented)
     req.stop = _stop(body)
     req.stream = _boolean(body, "stream")
     so = _object(body, "stream_options")
@@ -139,20 +159,82 @@ def _common(body: dict, route: str) -> GenRequest:
             raise bad_request("'stream_options.include_usage' must be a boolean", "stream_options.include_usage",
                               "invalid_type")
         req.include_usage = so["include_usage"]
-    lp = body.get("logprobs")
-    if lp not in (None, False, 0):
-        raise bad_request("'logprobs' is not supported by this function", "logprobs", "unsupported_value")
-    if body.get("top_logprobs") not in (None, 0):
-        raise bad_request("'top_logprobs' is not supported by this function", "top_logprobs", "unsupported_value")
+    req.structured = _structured(body, lim)
+    return req
+
+
+def _logit_bias(body: dict) -> dict[int, float]:
+    lb = _object(body, "logit_bias")
+    out: dict[int, float] = {}
+    for k, v in (lb or {}).items():
+        p = f"logit_bias.{k}"
+        try:
+            tid = int(k)
+        except (TypeError, ValueError):
+            raise bad_request(f"'logit_bias' keys must be token ids, got {k!r}", p, "invalid_type") from None
+        if tid < 0:
+            raise bad_request(f"'logit_bias' key {k!r} is not a token id", p)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise bad_request(f"'{p}' must be a number, got {_type_name(v)}", p, "invalid_type")
+        if not -100 <= v <= 100:
+            raise bad_request(f"'{p}' must be between -100 and 100, got {v}", p)
+        out[tid] = float(v)
+    return out
+
+
+def _structured(body: dict, lim: Limits) -> Structured | None:
+    """The one output constraint the request asks for, from response_format, the llama-server
+    style ``grammar`` / ``json_schema`` fields, our ``regex`` field, vLLM's ``structured_outputs``
+    (json / regex / grammar / choice) or its older ``guided_*`` fields. Two at once is a 400."""
+    found: list[Structured] = []
     rf = body.get("response_format")
     if rf is not None:
         if not isinstance(rf, dict):
             raise bad_request(f"'response_format' must be an object, got {_type_name(rf)}", "response_format",
                               "invalid_type")
-        if rf.get("type", "text") != "text":
-            raise bad_request(f"response_format type {rf.get('type')!r} is not supported; only 'text'",
-                              "response_format.type", "unsupported_value")
-    return req
+        kind = rf.get("type", "text")
+        if kind == "json_object":
+            found.append(Structured("json_object", {"type": "object"}, "response_format"))
+        elif kind == "json_schema":
+            js = rf.get("json_schema")
+            if not isinstance(js, dict) or not isinstance(js.get("schema", {}), dict):
+                raise bad_request("'response_format.json_schema' must be an object with a 'schema' object",
+                                  "response_format.json_schema", "invalid_type")
+            if js.get("strict") is not None and not isinstance(js["strict"], bool):
+                raise bad_request("'response_format.json_schema.strict' must be a boolean",
+                                  "response_format.json_schema.strict", "invalid_type")
+            # strict or not, the schema is enforced (as vLLM and llama-server do)
+            found.append(Structured("json_schema", js.get("schema") or {}, "response_format.json_schema.schema"))
+        elif kind != "text":
+            raise bad_request(f"response_format type {kind!r} is not supported; use 'text', 'json_object' or "
+                              "'json_schema'", "response_format.type", "unsupported_value")
+    for name, kind in (("grammar", "grammar"), ("regex", "regex"), ("guided_grammar", "grammar"),
+                       ("guided_regex", "regex"), ("guided_json", "json_schema"), ("json_schema", "json_schema"),
+                       ("guided_choice", "choice")):
+        if _present(body, name):
+            found.append(_structured_value(kind, body[name], name, lim))
+    so = _object(body, "structured_outputs")
+    for name, kind in (("json", "json_schema"), ("regex", "regex"), ("grammar", "grammar"), ("choice", "choice")):
+        if so is not None and so.get(name) is not None:
+            found.append(_structured_value(kind, so[name], f"structured_outputs.{name}", lim))
+    if len(found) > 1:
+        raise bad_request(f"'{found[0].param}' and '{found[1].param}' both constrain the output; send one",
+                          found[1].param, "unsupported_value")
+    return found[0] if found else None
+
+
+def _structured_value(kind: str, v, param: str, lim: Limits) -> Structured:
+    if kind == "json_schema":
+        if isinstance(v, str):  # the guarded parser: a schema string nested 10,000 deep is a 400
+            v = limits_mod.loads(v, lim, param)
+        if not isinstance(v, dict):
+            raise bad_request(f"'{param}' must be a JSON Schema object", param, "invalid_type")
+    elif kind == "choice":
+        if not isinstance(v, list) or not v or not all(isinstance(c, str) for c in v):
+            raise bad_request(f"'{param}' must be a non-empty array of strings", param, "invalid_type")
+    elif not isinstance(v, str) or not v:
+        raise bad_request(f"'{param}' must be a non-empty string", param, "invalid_type")
+    return Structured(kind, v, param)
 
 
 def _seed(body: dict) -> int | None:
@@ -339,7 +421,7 @@ def parse_chat(body: dict, lim: Limits | None = None) -> GenRequest:
     """The chat request, validated; `lim` (the function's limits) bounds the message count and
     the characters given to the template (413 before it renders)."""
     lim = lim if lim is not None else Limits()
-    req = _common(body, "chat")
+    req = _common(body, "chat", lim)
     req.messages = _messages(body, lim)
     tools = _tools(body)
     req.tool_choice = _tool_choice(body, tools)
@@ -351,10 +433,23 @@ def parse_chat(body: dict, lim: Limits | None = None) -> GenRequest:
     else:
         req.tools = tools
     req.parse_tool_calls = req.tools is not None
+    req.parallel_tool_calls = _boolean(body, "parallel_tool_calls", True)
     kwargs = _object(body, "chat_template_kwargs")
     req.template_kwargs = dict(kwargs or {})
     limits_mod.check_prompt_chars(_chat_chars(req.messages, tools) + len(json.dumps(req.template_kwargs)),
                                   "messages", lim)
+    effort = _string(body, "reasoning_effort")
+    if effort is not None:
+        if effort not in REASONING_EFFORTS:
+            raise bad_request(f"'reasoning_effort' must be one of {', '.join(REASONING_EFFORTS)}, got {effort!r}",
+                              "reasoning_effort")
+        if effort == "none":
+            req.template_kwargs.setdefault("enable_thinking", False)
+    req.logprobs = _boolean(body, "logprobs")
+    top = _integer(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+    if top and not req.logprobs:
+        raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+    req.top_logprobs = top or 0
     return req
 
 
@@ -362,7 +457,7 @@ def parse_chat(body: dict, lim: Limits | None = None) -> GenRequest:
 
 def parse_completion(body: dict, lim: Limits | None = None) -> GenRequest:
     lim = lim if lim is not None else Limits()
-    req = _common(body, "completion")
+    req = _common(body, "completion", lim)
     if "prompt" not in body or body["prompt"] is None:
         raise bad_request("'prompt' is required", "prompt", "missing")
     p = body["prompt"]
@@ -378,6 +473,11 @@ def parse_completion(body: dict, lim: Limits | None = None) -> GenRequest:
     else:
         raise bad_request("'prompt' must be a string or an array of token ids", "prompt", "invalid_type")
     limits_mod.check_prompt_chars(len(req.prompt), "prompt", lim)
+    # completions: logprobs is how many alternatives per token (0 = only the chosen one's)
+    lp = body.get("logprobs")
+    if lp is not None and lp is not False:
+        n = _integer(body, "logprobs", 0, MAX_TOP_LOGPROBS)
+        req.logprobs, req.top_logprobs = True, n or 0
     if _integer(body, "best_of", 1) not in (None, 1):
         raise bad_request("'best_of' must be 1", "best_of", "unsupported_value")
     if _boolean(body, "echo"):
@@ -408,15 +508,45 @@ def chat_message(content: str, reasoning: str | None, tool_calls: list[dict] | N
     return msg
 
 
-def chat_completion(rid: str, created: int, model: str, message: dict, finish_reason: str, use: dict) -> dict:
+@dataclass
+class TokenLogprob:
+    """One generated token for the logprobs shapes: its text, bytes, log-probability and the
+    most likely alternatives as (text, bytes, logprob)."""
+    token: str
+    bytes: list[int]
+    logprob: float
+    top: list[tuple[str, list[int], float]] = field(default_factory=list)
+
+
+def chat_logprobs(entries: list[TokenLogprob]) -> dict:
+    """``choices[0].logprobs`` of a chat completion (OpenAI's shape)."""
+    return {"content": [{"token": e.token, "logprob": e.logprob, "bytes": e.bytes,
+                         "top_logprobs": [{"token": t, "logprob": lp, "bytes": b} for t, b, lp in e.top]}
+                        for e in entries],
+            "refusal": None}
+
+
+def completion_logprobs(entries: list[TokenLogprob]) -> dict:
+    """``choices[0].logprobs`` of a text completion (the legacy shape: parallel arrays)."""
+    offsets, pos = [], 0
+    for e in entries:
+        offsets.append(pos)
+        pos += len(e.token)
+    return {"tokens": [e.token for e in entries], "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [{t: lp for t, _, lp in e.top} for e in entries], "text_offset": offsets}
+
+
+def chat_completion(rid: str, created: int, model: str, message: dict, finish_reason: str, use: dict,
+                    logprobs: dict | None = None) -> dict:
     return {"id": rid, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}],
+            "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}],
             "usage": use, "system_fingerprint": None}
 
 
-def text_completion(rid: str, created: int, model: str, text: str, finish_reason: str, use: dict) -> dict:
+def text_completion(rid: str, created: int, model: str, text: str, finish_reason: str, use: dict,
+                    logprobs: dict | None = None) -> dict:
     return {"id": rid, "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}],
+            "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}],
             "usage": use, "system_fingerprint": None}
 
 
@@ -426,12 +556,15 @@ def model_list(model_id: str, created: int) -> dict:
 
 
 def chat_chunks(rid: str, created: int, model: str, *, content_pieces: list[str], reasoning: str | None,
-                tool_calls: list[dict] | None, finish_reason: str, use: dict | None) -> list[dict]:
-    """The chunks a streaming chat completion sends, in order (the SSE body is made by ``sse``)."""
+                tool_calls: list[dict] | None, finish_reason: str, use: dict | None,
+                logprobs: dict | None = None) -> list[dict]:
+    """The chunks a streaming chat completion sends, in order (the SSE body is made by ``sse``).
+    ``logprobs`` (every token's) rides on the finishing chunk."""
     def chunk(delta: dict, finish=None) -> dict:
         c = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
              "system_fingerprint": None,
-             "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+             "choices": [{"index": 0, "delta": delta, "logprobs": logprobs if finish else None,
+                          "finish_reason": finish}]}
         if use is not None:
             c["usage"] = None
         return c
@@ -453,11 +586,12 @@ def chat_chunks(rid: str, created: int, model: str, *, content_pieces: list[str]
 
 
 def completion_chunks(rid: str, created: int, model: str, *, pieces: list[str], finish_reason: str,
-                      use: dict | None) -> list[dict]:
+                      use: dict | None, logprobs: dict | None = None) -> list[dict]:
     def chunk(text: str, finish=None) -> dict:
         c = {"id": rid, "object": "text_completion", "created": created, "model": model,
              "system_fingerprint": None,
-             "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]}
+             "choices": [{"index": 0, "text": text, "logprobs": logprobs if finish else None,
+                          "finish_reason": finish}]}
         if use is not None:
             c["usage"] = None
         return c

@@ -112,6 +112,11 @@ class RequestLog:
         f["decode_ms"] += result.decode_ms
         f["snapshot_tier"] = pre.snapshot_tier
         f["snapshot_bytes"] = pre.snapshot_or_checkpoint_bytes
+        g = result.grammar_timings
+        if "grammar_ms" in g:   # a constrained request: compile (inside tokenize_ms) and mask cost
+            f["grammar_ms"] = g["grammar_ms"]
+            f["mask_ms"] = g.get("mask_ms", 0.0)
+            f["masked_steps"] = int(g.get("masked_steps", 0))
 
     def finish(self, status: int, error_code: str | None = None) -> dict:
         """Compute totals, print the line (once) and return it."""

@@ -29,6 +29,7 @@ from .errors import APIError, bad_request, context_overflow, internal, method_no
     not_found, unauthorized
 from .request_log import RequestLog, init_line
 from .settings import FunctionSettings
+from .structured import grammar_for, logprob_entries
 from .tool_calls import parse_output
 from .watchdog import Watchdog
 
@@ -43,6 +44,16 @@ ROUTES = {
     "/health": ("GET", "health"),
 }
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
+
+def _build_grammar_trie(eng: Engine) -> None:
+    t0 = time.perf_counter()
+    try:
+        from engine.constraints import grammar_tokenizer
+        grammar_tokenizer(eng.tokenizer)
+        emit({"event": "grammar_trie", "ms": round((time.perf_counter() - t0) * 1000.0, 1)})
+    except Exception as exc:   # constrained requests will retry (and report) on their own
+        emit({"event": "grammar_trie", "error": f"{type(exc).__name__}: {exc}"})
 
 
 def public_load_reason(exc: BaseException) -> str:
@@ -122,6 +133,10 @@ class Runtime:
                 fields.update(chat_template_error=eng.chat_template_error)
             self.engine = eng
             self.error = None
+            # llguidance's token trie for the vocabulary (~1-2 s for Qwen3.5's 248k tokens) is built
+            # off the init path, so the first constrained request (tools included) rarely waits for it
+            threading.Thread(target=_build_grammar_trie, args=(eng,), name="warmllm-grammar-trie",
+                             daemon=True).start()
         except Exception as exc:
             why = f"{type(exc).__name__}: {exc}"
             try:
@@ -294,6 +309,7 @@ class Runtime:
 
     def _generate(self, eng: Engine, greq: oa.GenRequest, log: RequestLog, dl: deadline_mod.Deadline):
         from engine.chat_template import TemplateLimitError
+        from engine.constraints import GrammarError
         from engine.errors import ContextOverflow
 
         chat = greq.route == "chat"
@@ -325,16 +341,31 @@ class Runtime:
         # absent max_tokens: chat fills the rest of the context (the engine's None; the deadline
         # stops long answers), completions take OpenAI's default of 16
         max_tokens = greq.max_tokens if greq.max_tokens is not None or chat else DEFAULT_COMPLETION_MAX_TOKENS
+        for tid in greq.sampling.logit_bias:
+            if tid >= eng.tokenizer.n_vocab:
+                raise bad_request(f"'logit_bias' names token {tid}; the vocabulary has {eng.tokenizer.n_vocab}",
+                                  f"logit_bias.{tid}")
+        try:
+            grammar = grammar_for(greq)
+        except GrammarError as exc:
+            raise bad_request(f"'{exc.field}' cannot be enforced: {exc.reason}", exc.field,
+                              "unsupported_schema") from None
+        if grammar is not None:
+            log.set(grammar=grammar.kind)
         pieces: list[str] = []
         t = time.perf_counter()
         try:
             result = eng.generate(prompt, max_tokens=max_tokens, sampling=greq.sampling, stop=list(greq.stop),
-                                  deadline=dl.at, on_text=pieces.append)
+                                  deadline=dl.at, on_text=pieces.append, grammar=grammar,
+                                  logprobs=greq.top_logprobs if greq.logprobs else None)
         except ValueError as exc:
             # a refused call has tokenized the prompt and checked its length: that time is tokenize_ms
             log.add_ms("tokenize_ms", (time.perf_counter() - t) * 1000.0)
             if isinstance(exc, ContextOverflow):
                 raise context_overflow(exc.prompt_tokens, exc.max_tokens, exc.n_ctx, param) from None
+            if isinstance(exc, GrammarError):  # llguidance rejected a construct of the schema / grammar
+                raise bad_request(f"'{exc.field}' cannot be enforced: {exc.reason}", exc.field,
+                                  "unsupported_schema") from None
             # the engine refusing this input: the client's to fix
             emit({"event": "engine_rejected_input", "error": str(exc), "traceback": traceback.format_exc(limit=6)})
             raise bad_request(f"the engine rejected the input: {exc}", param, "invalid_input") from None
@@ -344,7 +375,12 @@ class Runtime:
             rid = oa.new_id("chatcmpl" if chat else "cmpl")
             created = oa.now()
             use = oa.usage(result.prompt_tokens, result.completion_tokens, result.prefill.reused_tokens)
+            lps = logprob_entries(eng.tokenizer, result.logprobs) if result.logprobs is not None else None
+            if result.grammar_error:
+                emit({"event": "grammar_error", "request_id": log.fields.get("request_id"),
+                      "error": result.grammar_error})
             if chat:
+                chat_lp = oa.chat_logprobs(lps) if lps is not None else None
                 # a reply the template began inside <think> is reasoning until it closes it,
                 # also when max_tokens or the deadline cut it first
                 parsed = parse_output(result.text, tools=greq.tools if greq.parse_tool_calls else None,
@@ -355,19 +391,22 @@ class Runtime:
                     content_pieces = pieces if "".join(pieces) == parsed.content else [parsed.content]
                     chunks = oa.chat_chunks(rid, created, eng.model_id, content_pieces=content_pieces,
                                             reasoning=parsed.reasoning, tool_calls=parsed.tool_calls,
-                                            finish_reason=finish, use=use if greq.include_usage else None)
+                                            finish_reason=finish, use=use if greq.include_usage else None,
+                                            logprobs=chat_lp)
                     return 200, oa.sse(chunks), "text/event-stream; charset=utf-8"
                 msg = oa.chat_message(parsed.content, parsed.reasoning, parsed.tool_calls)
-                return 200, oa.chat_completion(rid, created, eng.model_id, msg, finish, use), "application/json"
+                return 200, oa.chat_completion(rid, created, eng.model_id, msg, finish, use, chat_lp), \
+                    "application/json"
             log.set(finish_reason=result.finish_reason)
+            text_lp = oa.completion_logprobs(lps) if lps is not None else None
             if greq.stream:
                 pcs = pieces if "".join(pieces) == result.text else [result.text]
                 chunks = oa.completion_chunks(rid, created, eng.model_id, pieces=pcs,
                                               finish_reason=result.finish_reason,
-                                              use=use if greq.include_usage else None)
+                                              use=use if greq.include_usage else None, logprobs=text_lp)
                 return 200, oa.sse(chunks), "text/event-stream; charset=utf-8"
             return 200, oa.text_completion(rid, created, eng.model_id, result.text, result.finish_reason,
-                                           use), "application/json"
+                                           use, text_lp), "application/json"
 
     @staticmethod
     def _template_kwargs(greq: oa.GenRequest) -> dict:

@@ -24,6 +24,8 @@ import re
 import uuid
 from dataclasses import dataclass
 
+from engine.constraints import schema_types
+
 _BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
 _FUNC = re.compile(r"\s*<function=([^>\n]+)>(.*?)</function>\s*", re.S)
 _PARAM = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.S)
@@ -52,46 +54,16 @@ def split_reasoning(text: str, prompt_opens_think: bool = False) -> tuple[str | 
     return None, text
 
 
-def _schema_types(schema) -> list[str]:
-    if not isinstance(schema, dict):
-        return []
-    t = schema.get("type")
-    if isinstance(t, str):
-        return [t]
-    if isinstance(t, list):
-        return [x for x in t if isinstance(x, str)]
-    out: list[str] = []
-    for key in ("anyOf", "oneOf"):
-        for sub in schema.get(key) or []:
-            out += _schema_types(sub)
-    if not out and "enum" in schema:
-        out = sorted({_json_type(v) for v in schema["enum"]})
-    return out
-
-
-def _json_type(v) -> str:
-    if isinstance(v, bool):
-        return "boolean"
-    if isinstance(v, int):
-        return "integer"
-    if isinstance(v, float):
-        return "number"
-    if v is None:
-        return "null"
-    names: dict[type, str] = {str: "string", list: "array", dict: "object"}
-    return names.get(type(v), "string")
-
-
 def coerce(value: str, schema) -> object:
     """A parameter's text typed by its JSON Schema; falls back to the verbatim string."""
-    types = _schema_types(schema)
+    types = schema_types(schema)
     if types == ["string"]:
         return value
     stripped = value.strip()
     try:
         parsed = json.loads(stripped)
         ok = True
-    except (json.JSONDecodeError, ValueError):
+    except (ValueError, RecursionError):  # JSONDecodeError is a ValueError; model text nested 1,000 deep
         parsed, ok = None, False
     if not types:                     # no schema: JSON if it is JSON, else the text
         return parsed if ok and not isinstance(parsed, str) else value

@@ -37,8 +37,8 @@ ROOT = Path(__file__).resolve().parents[1]
 LIMIT_BYTES = 250 * 1024 * 1024          # Lambda: function + all layers, unzipped
 SKIP_DEPS = {"boto3", "botocore", "awslambdaric", "s3transfer"}   # in the runtime / image only
 PLATFORMS = {
-    "arm64": ["manylinux2014_aarch64", "manylinux_2_28_aarch64", "manylinux_2_34_aarch64"],
-    "x86_64": ["manylinux2014_x86_64", "manylinux_2_28_x86_64", "manylinux_2_34_x86_64"],
+    "arm64": ["manylinux2014_aarch64", "manylinux_2_28_aarch64", "manylinux_2_31_aarch64", "manylinux_2_34_aarch64"],
+    "x86_64": ["manylinux2014_x86_64", "manylinux_2_28_x86_64", "manylinux_2_31_x86_64", "manylinux_2_34_x86_64"],
 }
 # top-level packages the engine never imports (pulled in as dependencies of dependencies)
 DROP_PACKAGES = ["huggingface_hub", "hf_xet", "fsspec", "requests", "urllib3", "idna", "charset_normalizer",

@@ -38,10 +38,13 @@ def test_arm64_dependency_set_resolves(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     installs = json.loads(report.read_text())["install"]
     wheels = {i["metadata"]["name"].lower(): i["download_info"]["url"] for i in installs}
-    for name in ("numpy", "numba", "llvmlite", "gguf", "tokenizers", "jinja2"):
+    for name in ("numpy", "numba", "llvmlite", "gguf", "tokenizers", "jinja2", "llguidance"):
         assert name in wheels, name
     for name in ("numpy", "numba", "llvmlite"):
         assert "aarch64" in wheels[name] and "cp312" in wheels[name], wheels[name]
+    # llguidance ships one abi3 wheel per platform (cp39-abi3), built for glibc 2.31: Lambda's
+    # Python 3.12 runtime (Amazon Linux 2023, glibc 2.34) loads it
+    assert "aarch64" in wheels["llguidance"] and "abi3" in wheels["llguidance"], wheels["llguidance"]
     assert "boto3" not in wheels and "awslambdaric" not in wheels
 
 

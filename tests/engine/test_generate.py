@@ -33,6 +33,13 @@ class NeverEnds:
         z[self.eog] = -np.inf
         return int(np.argmax(z))
 
+    # the rest of the Sampler interface generate's TokenPicker uses (no bias, no penalties)
+    def adjust(self, logits):
+        return logits
+
+    def observe(self, token):
+        pass
+
 
 @pytest.fixture
 def small_ctx(tiny_model_path, monkeypatch):

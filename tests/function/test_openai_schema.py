@@ -47,7 +47,9 @@ def test_max_completion_tokens_wins_and_nulls_are_absent():
     ("temperature", "hot"), ("temperature", 3), ("temperature", True), ("top_p", 1.5), ("top_p", 0),
     ("top_k", 1.5), ("min_p", -0.1), ("seed", "x"), ("max_tokens", 0), ("max_tokens", "10"),
     ("max_completion_tokens", -1), ("stop", 5), ("stop", ["a", 1]), ("stream", "yes"), ("model", 3),
-    ("user", 1), ("n", 2), ("n", "1"), ("logprobs", True), ("top_logprobs", 3), ("response_format", "json"),
+    ("user", 1), ("n", 2), ("n", "1"), ("logprobs", 3), ("top_logprobs", 3), ("top_logprobs", 21),
+    ("response_format", "json"), ("logit_bias", [1]), ("reasoning_effort", "max"),
+    ("grammar", 5), ("regex", ""), ("parallel_tool_calls", "no"), ("frequency_penalty", 2.5),
     ("chat_template_kwargs", []), ("tools", {}), ("tool_choice", "sometimes"), ("presence_penalty", "x"),
 ])
 def test_wrong_fields_are_400_naming_the_field(field, value):
@@ -150,3 +152,34 @@ def test_sse_body_is_data_lines_ending_done():
     assert "".join(p["choices"][0]["delta"].get("content", "") for p in parsed if p["choices"]) == "Hello"
     assert parsed[-2]["choices"][0]["finish_reason"] == "stop"
     assert parsed[-1]["choices"] == [] and parsed[-1]["usage"]["total_tokens"] == 3
+
+
+def test_structured_output_fields_and_their_aliases():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    r = chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": True}})
+    assert (r.structured.kind, r.structured.value, r.structured.param) == (
+        "json_schema", schema, "response_format.json_schema.schema")
+    assert chat(response_format={"type": "json_object"}).structured.value == {"type": "object"}
+    assert chat(response_format={"type": "text"}).structured is None
+    assert chat(grammar='start: "a"').structured.kind == "grammar"
+    assert chat(regex="[0-9]+").structured.kind == "regex"
+    assert chat(structured_outputs={"choice": ["a", "b"]}).structured.value == ["a", "b"]
+    assert chat(guided_json=json.dumps(schema)).structured.value == schema
+    e = bad(oa.parse_chat, {"messages": MSG, "regex": "a", "grammar": "b"}, "regex")
+    assert "both" in e.message
+    bad(oa.parse_chat, {"messages": MSG, "response_format": {"type": "xml"}}, "response_format.type")
+
+
+def test_sampling_extras_reasoning_effort_and_logprobs():
+    r = chat(logit_bias={"17": -100, "3": 5.5}, presence_penalty=0.5, frequency_penalty=-1)
+    assert r.sampling.logit_bias == {17: -100.0, 3: 5.5}
+    assert (r.sampling.presence_penalty, r.sampling.frequency_penalty) == (0.5, -1.0)
+    assert chat(reasoning_effort="none").template_kwargs["enable_thinking"] is False
+    assert "enable_thinking" not in chat(reasoning_effort="high").template_kwargs
+    r = chat(logprobs=True, top_logprobs=20)
+    assert (r.logprobs, r.top_logprobs) == (True, 20)
+    c = oa.parse_completion({"prompt": "x", "logprobs": 3})
+    assert (c.logprobs, c.top_logprobs) == (True, 3)
+    assert chat(parallel_tool_calls=False).parallel_tool_calls is False
+    bad(oa.parse_chat, {"messages": MSG, "logit_bias": {"x": 1}}, "logit_bias.x")
+    bad(oa.parse_chat, {"messages": MSG, "logit_bias": {"5": 101}}, "logit_bias.5")

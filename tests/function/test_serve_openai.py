@@ -93,3 +93,35 @@ def test_errors_reach_the_client_as_openai_errors(client):
     assert ei.value.status_code == 413 and ei.value.body["code"] == "context_length_exceeded"
     with pytest.raises(openai.NotFoundError):
         client.embeddings.create(model="warmllm", input="x")
+
+
+def test_structured_outputs_tool_choice_and_logprobs_with_the_official_client(client):
+    """The issue's first-user check, with the openai client: a json_schema response, a required tool
+    call (streamed too), logprobs parsed into the client's types."""
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+              "required": ["n"], "additionalProperties": False}
+    r = client.chat.completions.create(
+        model="warmllm", messages=[{"role": "user", "content": "A digit"}], max_tokens=20,
+        response_format={"type": "json_schema", "json_schema": {"name": "d", "schema": schema, "strict": True}},
+        reasoning_effort="none", logprobs=True, top_logprobs=2, seed=7)
+    assert 0 <= json.loads(r.choices[0].message.content)["n"] <= 9
+    tops = [len(e.top_logprobs) for e in r.choices[0].logprobs.content]
+    # a token the grammar forces ('{"') has no alternative; the digit has ten, two reported
+    assert tops[0] == 1 and 2 in tops and max(tops) == 2
+    tools = [{"type": "function", "function": {"name": "pick", "parameters": {
+        "type": "object", "properties": {"k": {"type": "integer", "minimum": 1, "maximum": 3}}, "required": ["k"]}}}]
+    r = client.chat.completions.create(model="warmllm", messages=[{"role": "user", "content": "Pick"}],
+                                       tools=tools, tool_choice="required", max_tokens=60, reasoning_effort="none",
+                                       parallel_tool_calls=False, seed=7)
+    call = r.choices[0].message.tool_calls[0]
+    assert r.choices[0].finish_reason == "tool_calls" and 1 <= json.loads(call.function.arguments)["k"] <= 3
+    stream = client.chat.completions.create(model="warmllm", messages=[{"role": "user", "content": "Pick"}],
+                                            tools=tools, tool_choice="required", max_tokens=60,
+                                            reasoning_effort="none", stream=True, parallel_tool_calls=False, seed=7)
+    deltas = [tc for chunk in stream for tc in (chunk.choices[0].delta.tool_calls or []) if chunk.choices]
+    assert deltas and 1 <= json.loads(deltas[0].function.arguments)["k"] <= 3
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="warmllm", messages=[{"role": "user", "content": "x"}],
+                                       response_format={"type": "json_schema", "json_schema": {
+                                           "name": "bad", "schema": {"type": "string", "format": "nope"}}})
+    assert "nope" in str(e.value)

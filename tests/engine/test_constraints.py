@@ -1,0 +1,182 @@
+"""engine/constraints.py: llguidance grammars over our vocabulary. Every constrained output parses
+and validates (hypothesis over schemas, random logits standing in for a model: the mask alone must
+make the output valid, whatever the model prefers), forced tool calls parse back as tool_calls with
+arguments valid for the tool's schema, rejected constructs name themselves, compiles are cached."""
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from engine import constraints as C
+from engine.synthetic.vocab import build_vocab
+from engine.tokenizer import Tokenizer, TokenType
+from function.tool_calls import parse_output
+
+
+@pytest.fixture(scope="module")
+def tok() -> Tokenizer:
+    return Tokenizer.from_gguf_metadata(build_vocab(4096).metadata())
+
+
+def drive(spec: C.GrammarSpec, tok: Tokenizer, seed: int, max_steps: int = 400,
+          reasoning_open: bool = False, prefix: list[int] | None = None) -> tuple[str, C.Constraint]:
+    """Decode with random logits under the constraint (greedy on noise: an adversarial 'model')."""
+    c = C.Constraint(C.compile_grammar(spec, tok), tok, reasoning_open=reasoning_open)
+    rng = np.random.default_rng(seed)
+    out: list[int] = []
+    forced = list(prefix or [])
+    for _ in range(max_steps):
+        logits = rng.standard_normal(tok.n_vocab).astype(np.float32) * 4
+        masked = c.mask(logits)
+        t = forced.pop(0) if forced else int(np.argmax(masked))
+        if t in tok.eog_ids:
+            break
+        out.append(t)
+        c.accept(t)
+        if c.finished:
+            break
+    c.close()
+    assert c.error is None, c.error
+    return tok.decode(out), c
+
+
+# ----------------------------------------------------------------------------- schemas
+
+def _leaf() -> st.SearchStrategy[dict]:
+    ints = st.tuples(st.integers(-50, 50), st.integers(0, 60)).map(
+        lambda t: {"type": "integer", "minimum": t[0], "maximum": t[0] + t[1]})
+    nums = st.tuples(st.integers(-10, 10), st.integers(1, 20)).map(
+        lambda t: {"type": "number", "minimum": t[0], "maximum": t[0] + t[1]})
+    strs = st.integers(0, 12).map(lambda n: {"type": "string", "maxLength": n})
+    pats = st.sampled_from([r"^[a-z]{1,6}$", r"^[0-9]{3}-[0-9]{2}$", r"^(yes|no)$"]).map(
+        lambda p: {"type": "string", "pattern": p})
+    enums = st.lists(st.sampled_from(["red", "green", "blue", 3, None, True]), min_size=1, max_size=4,
+                     unique=True).map(lambda v: {"enum": v})
+    return st.one_of(ints, nums, strs, pats, enums, st.just({"type": "boolean"}), st.just({"type": "null"}))
+
+
+def _node(children: st.SearchStrategy[dict]) -> st.SearchStrategy[dict]:
+    arrays = st.tuples(children, st.integers(0, 3)).map(
+        lambda t: {"type": "array", "items": t[0], "maxItems": t[1]})
+    objects = st.dictionaries(st.sampled_from(["a", "b", "name", "x_y", "count"]), children, min_size=1,
+                              max_size=3).flatmap(
+        lambda props: st.lists(st.sampled_from(sorted(props)), unique=True).map(
+            lambda req: {"type": "object", "properties": props, "required": req,
+                         "additionalProperties": False}))
+    return st.one_of(arrays, objects)
+
+
+SCHEMAS = st.recursive(_leaf(), _node, max_leaves=6).filter(lambda s: s.get("type") == "object") | \
+    _node(_leaf()).filter(lambda s: s.get("type") == "object")
+
+FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@FAST
+@given(schema=SCHEMAS, seed=st.integers(0, 2**31))
+def test_json_schema_outputs_always_parse_and_validate(tok, schema, seed):
+    text, c = drive(C.json_schema_grammar(schema), tok, seed)
+    assert c.finished or c.masked_steps, text
+    value = json.loads(text)              # parses, whatever the noise preferred
+    jsonschema.validate(value, schema)    # and is what the schema asks for
+
+
+def _tool(name: str, params: dict) -> dict:
+    return {"type": "function", "function": {"name": name, "parameters": params}}
+
+
+PARAM = st.one_of(_leaf(), st.integers(0, 8).map(lambda n: {"type": "string", "minLength": 1, "maxLength": n + 1}),
+                  st.just({"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9},
+                           "maxItems": 3}))
+TOOLS = st.lists(
+    st.dictionaries(st.sampled_from(["city", "days", "unit", "query", "n"]), PARAM, max_size=3).flatmap(
+        lambda props: st.lists(st.sampled_from(sorted(props) or ["_"]), unique=True).map(
+            lambda req: {"type": "object", "properties": props, "required": [r for r in req if r in props]})),
+    min_size=1, max_size=3).map(lambda ps: [_tool(f"fn_{i}", p) for i, p in enumerate(ps)])
+
+
+@FAST
+@given(tools=TOOLS, seed=st.integers(0, 2**31), parallel=st.booleans())
+def test_forced_tool_calls_parse_back_with_valid_arguments(tok, tools, seed, parallel):
+    text, _ = drive(C.tool_call_grammar(tools, parallel=parallel), tok, seed, max_steps=600)
+    parsed = parse_output(text, tools=tools)
+    assert parsed.tool_calls, text
+    assert parsed.content == ""
+    if not parallel:
+        assert len(parsed.tool_calls) == 1
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
+    for call in parsed.tool_calls:
+        args = json.loads(call["function"]["arguments"])
+        jsonschema.validate(args, schemas[call["function"]["name"]])
+
+
+def test_auto_tool_choice_is_free_until_the_model_opens_a_call(tok):
+    tools = [_tool("get", {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1,
+                                                                  "maximum": 5}}, "required": ["n"]})]
+    spec = C.tool_call_grammar(tools, trigger=True)
+    free = tok.encode("Sure, let me look.\n\n")
+    open_id = tok.token_id("<tool_call>")
+    text, c = drive(spec, tok, seed=3, prefix=[*free, open_id])
+    assert text.startswith("Sure, let me look.\n\n<tool_call>")
+    calls = parse_output(text, tools=tools).tool_calls
+    assert len(calls) == 1 and 1 <= json.loads(calls[0]["function"]["arguments"])["n"] <= 5
+
+
+def test_grammar_waits_for_the_end_of_reasoning(tok):
+    spec = C.json_schema_grammar({"type": "object", "properties": {"ok": {"type": "boolean"}},
+                                  "required": ["ok"], "additionalProperties": False})
+    thought = tok.encode("hmm, not JSON {{{") + [tok.token_id("</think>")]
+    text, c = drive(spec, tok, seed=5, reasoning_open=True, prefix=thought)
+    head, _, body = text.partition("</think>")
+    assert head == "hmm, not JSON {{{"             # unmasked: the forced reasoning went through
+    assert json.loads(body) in ({"ok": True}, {"ok": False})
+
+
+def test_regex_and_lark_grammars(tok):
+    text, _ = drive(C.regex_grammar(r"[0-9]{3}-[a-z]{2}"), tok, seed=1)
+    assert len(text) == 6 and text[3] == "-" and text[:3].isdigit() and text[4:].isalpha()
+    text, _ = drive(C.lark_grammar('start: "yes" | "no"'), tok, seed=2)
+    assert text in ("yes", "no")
+    gbnf = 'root ::= "(" [0-9]+ ")"'   # llama.cpp's GBNF form is converted
+    text, _ = drive(C.lark_grammar(gbnf), tok, seed=4, max_steps=40)
+    assert text.startswith("(") and (text.endswith(")") or len(text) > 30)
+
+
+def test_a_construct_llguidance_rejects_is_named(tok):
+    with pytest.raises(C.GrammarError) as e:
+        C.compile_grammar(C.json_schema_grammar({"type": "object", "if": {"required": ["a"]}}), tok)
+    assert "if" in str(e.value) and e.value.field == "response_format.json_schema.schema"
+    with pytest.raises(C.GrammarError) as e:
+        C.compile_grammar(C.json_schema_grammar({"type": "string", "format": "no-such-format"}), tok)
+    assert "no-such-format" in str(e.value)
+    with pytest.raises(C.GrammarError):
+        C.compile_grammar(C.lark_grammar("start: undefined_rule"), tok)
+
+
+def test_compiles_are_cached_per_grammar(tok):
+    tools = [_tool(f"t{i}", {"type": "object", "properties": {"q": {"type": "string"}, "k": {"type": "integer"}},
+                             "required": ["q"]}) for i in range(8)]
+    first = C.compile_grammar(C.tool_call_grammar(tools), tok)
+    again = C.compile_grammar(C.tool_call_grammar(tools), tok)
+    assert again is first
+    other = C.compile_grammar(C.tool_call_grammar(tools[:3]), tok)
+    assert other is not first
+
+
+def test_the_trie_names_special_tokens_and_skips_fillers(tok):
+    lt = C.grammar_tokenizer(tok)
+    assert C.grammar_tokenizer(tok) is lt                   # built once per vocabulary
+    assert lt.vocab_size == tok.n_vocab
+    assert set(lt.eos_tokens) == set(tok.eog_ids)
+    # wherever <tool_call> may come, only <tool_call> may: no [PAD] filler, no byte token
+    spec = C.GrammarSpec(C._from_lark("start: <tool_call>"), "test", "grammar")
+    c = C.Constraint(C.compile_grammar(spec, tok), tok)
+    allowed = np.flatnonzero(np.isfinite(c.mask(np.zeros(tok.n_vocab, np.float32))))
+    assert allowed.tolist() == [tok.token_id("<tool_call>")]
+    pads = [i for i in range(tok.n_vocab) if tok.token_type(i) == TokenType.UNUSED]
+    assert pads                                             # the factory vocabulary has fillers
