@@ -79,6 +79,14 @@ class SnapshotSettings:
     lookup_budget_s: float = DEFAULT_SNAPSHOT_LOOKUP_BUDGET_S   # SNAPSHOT_LOOKUP_BUDGET_S (per slow tier)
     cooldown_s: float = DEFAULT_SNAPSHOT_COOLDOWN_S  # SNAPSHOT_TIER_COOLDOWN_S (a failing tier is skipped)
     hmac_key: bytes | None = field(default=None, repr=False)    # SNAPSHOT_HMAC_KEY (shared buckets)
+    hmac_key_ssm: str | None = None                 # SNAPSHOT_HMAC_KEY_SSM: an SSM parameter holding it
+    hmac_key_secret: str | None = None              # SNAPSHOT_HMAC_KEY_SECRET: a Secrets Manager secret
+
+    def __post_init__(self) -> None:
+        given = [n for n, v in (("SNAPSHOT_HMAC_KEY", self.hmac_key), ("SNAPSHOT_HMAC_KEY_SSM", self.hmac_key_ssm),
+                                ("SNAPSHOT_HMAC_KEY_SECRET", self.hmac_key_secret)) if v]
+        if len(given) > 1:
+            raise ValueError(f"{' and '.join(given)} are both set: set one source for the snapshot HMAC key")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> SnapshotSettings:
@@ -97,6 +105,8 @@ class SnapshotSettings:
             lookup_budget_s=positive(env, "SNAPSHOT_LOOKUP_BUDGET_S", DEFAULT_SNAPSHOT_LOOKUP_BUDGET_S),
             cooldown_s=non_negative(env, "SNAPSHOT_TIER_COOLDOWN_S", DEFAULT_SNAPSHOT_COOLDOWN_S),
             hmac_key=(env_str(env, "SNAPSHOT_HMAC_KEY") or "").encode() or None,
+            hmac_key_ssm=env_str(env, "SNAPSHOT_HMAC_KEY_SSM"),
+            hmac_key_secret=env_str(env, "SNAPSHOT_HMAC_KEY_SECRET"),
         )
 
 

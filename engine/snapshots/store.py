@@ -134,6 +134,8 @@ class SnapshotStore:
     @classmethod
     def from_settings(cls, fingerprint: str, layout: list, s: SnapshotSettings,
                       s3_client: Any = None, log: LogFn = log_event, n_vocab: int | None = None) -> SnapshotStore:
+        from engine.snapshots.keys import resolve_hmac_key
+        s = resolve_hmac_key(s)  # SSM / Secrets Manager, once, at init
         return cls(
             fingerprint, layout,
             memory_bytes=int(s.memory_mb * (1 << 20)), dir=s.dir, dir_bytes=int(s.dir_mb * (1 << 20)),

@@ -433,7 +433,7 @@ def test_hmac_key_from_env():
                                    "SNAPSHOT_S3_ATTEMPTS": "1"})
     assert (s.lookup_budget_s, s.cooldown_s, s.s3_connect_timeout_s, s.s3_read_timeout_s, s.s3_attempts) == \
         (1.5, 5.0, 0.5, 3.0, 1)
-    assert "secret" not in repr(SnapshotSettings.from_env({"SNAPSHOT_HMAC_KEY": "secret"}))
+    assert "s3cr3t" not in repr(SnapshotSettings.from_env({"SNAPSHOT_HMAC_KEY": "s3cr3t"}))
 
 
 # ---- on the real forward: the from-scratch answer -------------------------------------------------
@@ -533,3 +533,28 @@ def test_only_failures_in_a_row_cool_a_tier_down():
     st.lookup(toks, [20])
     assert tier.asked == 4                 # not asked while it cools down
     assert all("connection reset" in e["detail"] for e in log.of("snapshot_ignored"))
+
+
+def test_hmac_key_from_ssm_or_secrets_manager(monkeypatch, tmp_path):
+    from moto import mock_aws
+
+    from engine.settings import SnapshotSettings
+    from engine.snapshots.keys import resolve_hmac_key
+    for k, v in {"AWS_ACCESS_KEY_ID": "t", "AWS_SECRET_ACCESS_KEY": "t", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(k, v)
+    with mock_aws():
+        import boto3
+        boto3.client("ssm").put_parameter(Name="/warmllm/snap", Value="from-ssm", Type="SecureString")
+        boto3.client("secretsmanager").create_secret(Name="warmllm-snap", SecretString="from-secret")
+        s = resolve_hmac_key(SnapshotSettings.from_env({"SNAPSHOT_HMAC_KEY_SSM": "/warmllm/snap"}))
+        assert s.hmac_key == b"from-ssm"
+        s = resolve_hmac_key(SnapshotSettings.from_env({"SNAPSHOT_HMAC_KEY_SECRET": "warmllm-snap"}))
+        assert s.hmac_key == b"from-secret"
+        with pytest.raises(ValueError, match="SNAPSHOT_HMAC_KEY_SSM='/nope'.*ssm:GetParameter"):
+            resolve_hmac_key(SnapshotSettings.from_env({"SNAPSHOT_HMAC_KEY_SSM": "/nope"}))
+        # the store built from settings MACs with the key it read
+        st = S.SnapshotStore.from_settings(FP, LAYOUT, SnapshotSettings(
+            memory_mb=0, dir=str(tmp_path), flush_s=0, hmac_key_ssm="/warmllm/snap"), log=Log())
+        assert st.hmac_key == b"from-ssm"
+    with pytest.raises(ValueError, match="both set"):
+        SnapshotSettings.from_env({"SNAPSHOT_HMAC_KEY": "a", "SNAPSHOT_HMAC_KEY_SSM": "/b"})

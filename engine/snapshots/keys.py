@@ -1,0 +1,34 @@
+"""The snapshot HMAC key from where the deployment keeps it: the environment
+(SNAPSHOT_HMAC_KEY), an SSM parameter (SNAPSHOT_HMAC_KEY_SSM, SecureString decrypted) or a
+Secrets Manager secret (SNAPSHOT_HMAC_KEY_SECRET), read once when the store is built (init)."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from engine.settings import SnapshotSettings
+
+
+def resolve_hmac_key(s: SnapshotSettings, *, ssm_client: Any = None, secrets_client: Any = None) -> SnapshotSettings:
+    """`s` with `hmac_key` filled from SSM or Secrets Manager when one is named; a key that
+    cannot be read is an error naming the variable and the permission it needs (a store must
+    not silently run without the key it was configured to require)."""
+    if s.hmac_key or not (s.hmac_key_ssm or s.hmac_key_secret):
+        return s
+    import boto3
+    try:
+        if s.hmac_key_ssm:
+            client = ssm_client or boto3.client("ssm")
+            value = client.get_parameter(Name=s.hmac_key_ssm, WithDecryption=True)["Parameter"]["Value"]
+        else:
+            client = secrets_client or boto3.client("secretsmanager")
+            value = client.get_secret_value(SecretId=s.hmac_key_secret)["SecretString"]
+    except Exception as exc:
+        name, ref, perm = (("SNAPSHOT_HMAC_KEY_SSM", s.hmac_key_ssm, "ssm:GetParameter (and kms:Decrypt)")
+                           if s.hmac_key_ssm else
+                           ("SNAPSHOT_HMAC_KEY_SECRET", s.hmac_key_secret, "secretsmanager:GetSecretValue"))
+        raise ValueError(f"{name}={ref!r} could not be read ({type(exc).__name__}: {exc}); check the name and "
+                         f"that the function's role has {perm}") from None
+    if not value:
+        raise ValueError("the snapshot HMAC key read from SSM / Secrets Manager is empty")
+    return dataclasses.replace(s, hmac_key=str(value).encode(), hmac_key_ssm=None, hmac_key_secret=None)
