@@ -5,7 +5,6 @@ template and one warm Session.
 """
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,8 +13,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from engine import threads as threads_mod
-from engine.chat_template import TURN_START, ChatTemplate, through_role_header
-from engine.errors import ContextOverflow, ModelLoadError
+from engine.chat_template import ChatTemplate, boundary_offsets
+from engine.errors import ContextOverflow, ModelLoadError, PrefillDeadline
 from engine.gguf_file import GGUFFile
 from engine.quant import paths
 from engine.models.qwen35 import Qwen35
@@ -61,6 +60,7 @@ class GenerationResult:
     snapshot_tier: str | None = None
     snapshot_bytes: int = 0
     timings: dict[str, float] = field(default_factory=dict)
+    deadline_hit: bool = False  # the deadline cut the prefill or the decode
 
 
 def _stop_hold(text: str, stops: Sequence[str]) -> int:
@@ -161,38 +161,8 @@ class Engine:
 
     def _boundary_offsets(self, messages: list[dict], tools: list[dict] | None, text: str,
                           kw: dict) -> list[int]:
-        """Character offsets in `text` where the system + tools block and each message up to the
-        last user message end (each rendered prefix must be a prefix of `text`), each carried
-        through the role header of the turn that follows (ChatML's ``<|im_start|>user\n``): every
-        conversation that shares the prefix shares that header too, so a new conversation with the
-        same system + tools resumes after it (3 fewer tokens to prefill of a ~30-token first turn).
-        The end of the last user message is included: the next turn shares it however the reply
-        is rendered (a client that drops reasoning_content changes the reply's text, not what
-        precedes it or the ``<|im_start|>assistant\n`` that opens it)."""
-        last_user = max((i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"),
-                        default=-1)
-        offsets: set[int] = set()
-        for k in range(1, last_user + 2):
-            try:
-                part = self.render_chat(messages[:k], tools=tools, add_generation_prompt=False, **kw)
-            except ValueError:
-                continue
-            if part and text.startswith(part):
-                offsets.add(len(part))
-        if tools and messages and isinstance(messages[0], dict) and messages[0].get("role") != "system":
-            # Tools without a system message: the template writes a system block of its own.
-            # It ends where renders with two different first messages stop agreeing, cut back
-            # to the turn start (ChatML, as every Qwen template).
-            try:
-                a = self.render_chat([{"role": "user", "content": "a"}], tools=tools, add_generation_prompt=False, **kw)
-                b = self.render_chat([{"role": "user", "content": "b"}], tools=tools, add_generation_prompt=False, **kw)
-                same = len(os.path.commonprefix([a, b]))
-                cut = a.rfind(TURN_START, 0, same)
-                if cut > 0 and text.startswith(a[:cut]):
-                    offsets.add(cut)
-            except ValueError:
-                pass
-        return sorted({through_role_header(text, o) for o in offsets})
+        """Checkpoint offsets in `text` (engine.chat_template.boundary_offsets: linear in messages)."""
+        return boundary_offsets(self.render_chat, messages, tools, text, kw)
 
     def _offsets_to_positions(self, ids: list[int], offsets: list[int]) -> list[int]:
         """Token positions whose decoded text ends exactly at one of the character offsets
@@ -244,7 +214,12 @@ class Engine:
     def generate(self, prompt: str | list[int] | ChatPrompt, *, max_tokens: int,
                  sampling: SamplingParams | None = None,
                  stop: Sequence[str] = (), deadline: float | None = None,
-                 on_text: Callable[[str], None] | None = None) -> GenerationResult:
+                 on_text: Callable[[str], None] | None = None,
+                 admit: Callable[[int], None] | None = None) -> GenerationResult:
+        """`deadline` (time.monotonic()) bounds the prefill (checked between its chunks: past it
+        the result has no tokens, finish_reason "length" and deadline_hit) and the decode.
+        `admit(n)` sees the number of tokens left to prefill before any prefill work and may
+        raise to refuse the request (function/admission.py)."""
         t0 = time.perf_counter()
         ids, boundaries = self.encode_prompt(prompt)
         tokenize_ms = (time.perf_counter() - t0) * 1e3
@@ -258,7 +233,15 @@ class Engine:
         stops = [s for s in stop if s]
 
         try:
-            pre = self.session.prefill(ids, boundaries, release_writes=False)
+            pre = self.session.prefill(ids, boundaries, release_writes=False, deadline=deadline, admit=admit)
+        except PrefillDeadline as cut:
+            self.snapshots.release()
+            spent = (time.perf_counter() - t0) * 1e3 - tokenize_ms - cut.restore_ms
+            return GenerationResult(
+                text="", token_ids=[], finish_reason="length", prompt_tokens=len(ids), completion_tokens=0,
+                prefill_mode=cut.mode, reused_tokens=cut.reused_tokens, prefilled_tokens=cut.done_tokens,
+                tokenize_ms=tokenize_ms, restore_ms=cut.restore_ms, prefill_ms=spent, decode_ms=0.0,
+                deadline_hit=True)
         except BaseException:
             self.snapshots.release()
             raise
@@ -270,6 +253,7 @@ class Engine:
         emitted = 0
         finish = "length"
         stopped_by_string = False
+        cut_by_deadline = False
         logits = pre.logits
         try:
             tok = sampler(logits)
@@ -292,7 +276,10 @@ class Engine:
                 if safe > emitted:
                     on_text(text[emitted:safe])
                     emitted = safe
-            if len(out) >= max_tokens or (deadline is not None and time.monotonic() >= deadline):
+            if len(out) >= max_tokens:
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                cut_by_deadline = True
                 break
             logits = self.session.step(tok)
             tok = sampler(logits)
@@ -308,4 +295,5 @@ class Engine:
             snapshot_tier=pre.snapshot_tier,
             snapshot_bytes=pre.snapshot_bytes if pre.snapshot_tier else pre.checkpoint_bytes,
             timings={"checkpoint_ms": pre.checkpoint_ms, "checkpoints": float(len(pre.checkpoints))},
+            deadline_hit=cut_by_deadline,
         )
