@@ -15,6 +15,8 @@ DEFAULT_MODEL_RETRY_S = 30.0
 DEFAULT_INIT_BUDGET_S = 8.0
 DEFAULT_MODEL_DIR = "/tmp/warmllm-models"
 DEFAULT_WATCHDOG_MARGIN_S = 1.0
+DEFAULT_STREAM_DEADLINE_S = 300.0
+DEFAULT_STREAM_KEEPALIVE_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,10 @@ class FunctionSettings:
     model_retry_s: float = DEFAULT_MODEL_RETRY_S    # MODEL_RETRY_S: wait before retrying a failed load
     init_budget_s: float = DEFAULT_INIT_BUDGET_S    # INIT_BUDGET_S: how long init waits for the model
     watchdog_margin_s: float = DEFAULT_WATCHDOG_MARGIN_S  # WATCHDOG_MARGIN_S: the timeout line this long before Lambda's
+    # STREAM_DEADLINE_S: the deadline of an invocation through a streaming integration (Function URL,
+    # REST API), counted like API_DEADLINE_S; still capped by Lambda's remaining time
+    stream_deadline_s: float = DEFAULT_STREAM_DEADLINE_S
+    stream_keepalive_s: float = DEFAULT_STREAM_KEEPALIVE_S  # STREAM_KEEPALIVE_S: ": keep-alive" while prefilling
 
     @property
     def model_source(self) -> str | None:
@@ -48,4 +54,6 @@ class FunctionSettings:
             model_retry_s=non_negative(env, "MODEL_RETRY_S", DEFAULT_MODEL_RETRY_S),
             init_budget_s=non_negative(env, "INIT_BUDGET_S", DEFAULT_INIT_BUDGET_S),
             watchdog_margin_s=non_negative(env, "WATCHDOG_MARGIN_S", DEFAULT_WATCHDOG_MARGIN_S),
+            stream_deadline_s=positive(env, "STREAM_DEADLINE_S", DEFAULT_STREAM_DEADLINE_S),
+            stream_keepalive_s=non_negative(env, "STREAM_KEEPALIVE_S", DEFAULT_STREAM_KEEPALIVE_S),
         )

@@ -47,6 +47,8 @@ class HttpStream(Protocol):
 
     def write(self, data: bytes) -> None: ...
 
+    def end(self, error_type: str | None = None, error: Mapping | None = None) -> None: ...
+
 
 def sse_data(obj: dict | str) -> bytes:
     text = obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
