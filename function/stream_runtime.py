@@ -254,7 +254,17 @@ def serve_one(client: RuntimeAPIClient, inv: Invocation, handle: Callable, handl
     client.respond(inv.request_id, payload)
 
 
-def main(environ: Mapping[str, str] | None = None, max_invocations: int | None = None) -> int:
+def run(client: RuntimeAPIClient, handle: Callable, handle_stream: Callable, kinds: frozenset[str],
+        environ: Mapping[str, str], max_invocations: int | None = None) -> None:
+    """The invocation loop (forever in Lambda; `max_invocations` for tests)."""
+    served = 0
+    while max_invocations is None or served < max_invocations:
+        inv = client.next()
+        serve_one(client, inv, handle, handle_stream, kinds, environ)
+        served += 1
+
+
+def main(environ: Mapping[str, str] | None = None) -> int:
     env = os.environ if environ is None else environ
     address = env.get("AWS_LAMBDA_RUNTIME_API")
     if not address:
@@ -269,11 +279,7 @@ def main(environ: Mapping[str, str] | None = None, max_invocations: int | None =
         traceback.print_exc()
         client.init_error(exc)
         return 1
-    served = 0
-    while max_invocations is None or served < max_invocations:
-        inv = client.next()
-        serve_one(client, inv, app.handler, app.stream_handler, kinds, env)
-        served += 1
+    run(client, app.handler, app.stream_handler, kinds, env)
     return 0
 
 
