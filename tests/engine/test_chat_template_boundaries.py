@@ -92,4 +92,4 @@ def test_two_thousand_messages_take_a_fixed_number_of_renders():
     offs = boundary_offsets(render, messages, None, text, {})
     assert render.calls == 1                       # the prefix rule would render 2,000 times
     assert len(offs) == 2000                       # the end of every message, the last user one included
-    assert offs[-1] == len(text)                   # through the generation prompt's header
+    assert text[:offs[-1]].endswith("message number 999<|im_end|>\n<|im_start|>assistant\n")
