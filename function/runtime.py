@@ -228,7 +228,8 @@ class Runtime:
                 log.set(method=req.method, path=req.path)
                 route, model_arg = route_of(req.method, req.path)
                 log.set(route=route)
-                if self.api_key and route != "health" and req.kind != "direct":
+                iam_url = req.kind == "function_url" and self.settings.function_url_iam   # Lambda checked SigV4
+                if self.api_key and route != "health" and req.kind != "direct" and not iam_url:
                     auth = req.headers.get("authorization", "")
                     token = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
                     if not hmac.compare_digest(token.encode(), self.api_key.encode()):

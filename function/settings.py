@@ -19,6 +19,14 @@ DEFAULT_STREAM_DEADLINE_S = 300.0
 DEFAULT_STREAM_KEEPALIVE_S = 5.0
 
 
+def _url_auth(env: Mapping[str, str]) -> str:
+    v = (env_str(env, "FUNCTION_URL_AUTH_TYPE") or "NONE").upper()
+    if v not in ("AWS_IAM", "NONE"):
+        raise ValueError(f"FUNCTION_URL_AUTH_TYPE={v!r} is invalid: set it to AWS_IAM or NONE (the Function "
+                         "URL's AuthType), or unset it for NONE")
+    return v
+
+
 @dataclass(frozen=True)
 class FunctionSettings:
     engine: Settings = field(default_factory=Settings)
@@ -35,6 +43,9 @@ class FunctionSettings:
     # REST API), counted like API_DEADLINE_S; still capped by Lambda's remaining time
     stream_deadline_s: float = DEFAULT_STREAM_DEADLINE_S
     stream_keepalive_s: float = DEFAULT_STREAM_KEEPALIVE_S  # STREAM_KEEPALIVE_S: ": keep-alive" while prefilling
+    # FUNCTION_URL_AUTH_TYPE=AWS_IAM: Lambda authenticated every Function URL request (SigV4), whose
+    # Authorization header is the signature: the bearer check does not apply to those events
+    function_url_iam: bool = False
 
     @property
     def model_source(self) -> str | None:
@@ -56,4 +67,5 @@ class FunctionSettings:
             watchdog_margin_s=non_negative(env, "WATCHDOG_MARGIN_S", DEFAULT_WATCHDOG_MARGIN_S),
             stream_deadline_s=positive(env, "STREAM_DEADLINE_S", DEFAULT_STREAM_DEADLINE_S),
             stream_keepalive_s=non_negative(env, "STREAM_KEEPALIVE_S", DEFAULT_STREAM_KEEPALIVE_S),
+            function_url_iam=_url_auth(env) == "AWS_IAM",
         )

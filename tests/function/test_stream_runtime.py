@@ -295,3 +295,18 @@ def test_prelude_limit():
         b"\x00" * 8
     with pytest.raises(ValueError, match="16384"):
         sr.prelude(200, {"x": "y" * 20000})
+
+
+def test_iam_function_url_skips_the_bearer_check_only_there(rt, capsys, monkeypatch):
+    import dataclasses
+    monkeypatch.setattr(rt, "api_key", "sekrit")
+    signed = event("chat_function_url.json", max_tokens=2)
+    signed["headers"]["authorization"] = "AWS4-HMAC-SHA256 Credential=AKIA.../lambda/aws4_request, Signature=00"
+    monkeypatch.setattr(rt, "settings", dataclasses.replace(rt.settings, function_url_iam=False))
+    assert rt.handle(signed, None)["statusCode"] == 401
+    monkeypatch.setattr(rt, "settings", dataclasses.replace(rt.settings, function_url_iam=True))
+    assert rt.handle(signed, None)["statusCode"] == 200           # Lambda verified the signature
+    rest = event("chat_rest_api.json", max_tokens=2)
+    rest["headers"]["authorization"] = signed["headers"]["authorization"]
+    assert rt.handle(rest, None)["statusCode"] == 401              # the REST API still needs the key
+    capsys.readouterr()
