@@ -310,3 +310,31 @@ def test_iam_function_url_skips_the_bearer_check_only_there(rt, capsys, monkeypa
     rest["headers"]["authorization"] = signed["headers"]["authorization"]
     assert rt.handle(rest, None)["statusCode"] == 401              # the REST API still needs the key
     capsys.readouterr()
+
+
+def test_zip_bootstrap_runs_the_streaming_loop(tiny_model_path):
+    """`bootstrap` (the zip's AWS_LAMBDA_EXEC_WRAPPER) started as the managed runtime would start
+    it, with the runtime's own command line as arguments: it runs our loop, which streams a
+    Function URL event and posts an HTTP API event whole."""
+    url = event("chat_function_url.json", stream=True, max_tokens=3)
+    http = event("health.json")
+    api = FakeRuntimeAPI([("rid-boot-1", url), ("rid-boot-2", http)])
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(AWS_LAMBDA_RUNTIME_API=api.address, LAMBDA_TASK_ROOT=str(ROOT), MODEL_PATH=str(tiny_model_path),
+               INIT_BUDGET_S="120", PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}")
+    proc = subprocess.Popen(["sh", str(ROOT / "bootstrap"), "/var/lang/bin/python3.12", "/var/runtime/bootstrap.py"],
+                            cwd="/", env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and len(api.posts) < 2 and proc.poll() is None:
+            time.sleep(0.2)
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=30)
+        api.close()
+    assert len(api.posts) == 2, out[-3000:]
+    streamed = api.posts["rid-boot-1"]
+    assert streamed["headers"]["lambda-runtime-function-response-mode"] == "streaming"
+    meta, payload = split_prelude(streamed["body"])
+    assert meta["statusCode"] == 200 and sse_events(payload)[-1] == "data: [DONE]"
+    assert json.loads(api.posts["rid-boot-2"]["body"])["statusCode"] == 200
