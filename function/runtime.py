@@ -273,10 +273,17 @@ class Runtime:
                 return None
             headers["x-warmllm-prefill-mode"] = str(log.fields["prefill_mode"])
             return self._finish(log, kind, status, body, headers, content_type=ctype)
+        except sse_mod.StreamClosed as gone:   # the client or the Runtime API went away mid-stream
+            emit({"event": "stream_closed", "request_id": rid, "error": str(gone)})
+            log.finish(200, "stream_closed")
+            return None
         except APIError as err:
             if writer is not None and writer.started:   # the status went out already: say it in the stream
-                writer.send(err.body())
-                writer.send("[DONE]")
+                try:
+                    writer.send(err.body())
+                    writer.send("[DONE]")
+                except sse_mod.StreamClosed:
+                    pass
                 log.finish(200, err.code)
                 return None
             return self._finish(log, kind, err.status, err.body(), headers, error_code=err.code)
@@ -285,8 +292,11 @@ class Runtime:
                   "traceback": traceback.format_exc(limit=12)})
             bug = internal(rid, exc)
             if writer is not None and writer.started and stream is not None:
-                writer.send(bug.body())
-                stream.end("Function.InternalError", bug.body()["error"])   # the documented error trailers
+                try:
+                    writer.send(bug.body())
+                    stream.end("Function.InternalError", bug.body()["error"])   # the documented error trailers
+                except (sse_mod.StreamClosed, OSError):
+                    pass
                 log.finish(200, bug.code)
                 return None
             return self._finish(log, kind, bug.status, bug.body(), headers, error_code=bug.code)

@@ -222,6 +222,15 @@ def stream_kinds(environ: Mapping[str, str]) -> frozenset[str]:
     return frozenset(kinds - {"none"})
 
 
+def _end_quietly(stream: LambdaStream, error_type: str | None = None, error: Mapping | None = None) -> None:
+    """End the response; a connection already gone must not take the loop (and the warm process)
+    down with it."""
+    try:
+        stream.end(error_type, error)
+    except (OSError, http.client.HTTPException) as exc:
+        sys.stderr.write(f"streamed response could not be completed: {type(exc).__name__}: {exc}\n")
+
+
 def serve_one(client: RuntimeAPIClient, inv: Invocation, handle: Callable, handle_stream: Callable,
               kinds: frozenset[str], environ: Mapping[str, str]) -> None:
     """One invocation: decode the event, run the handler, post the result (streamed or whole)."""
@@ -240,9 +249,9 @@ def serve_one(client: RuntimeAPIClient, inv: Invocation, handle: Callable, handl
             handle_stream(event, ctx, stream)
         except Exception as exc:       # the handler never raises by design: this is a bug
             traceback.print_exc()
-            stream.end(f"Runtime.{type(exc).__name__}", error_body(exc))
+            _end_quietly(stream, f"Runtime.{type(exc).__name__}", error_body(exc))
             return
-        stream.end()
+        _end_quietly(stream)
         return
     try:
         result = handle(event, ctx)

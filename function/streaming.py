@@ -40,6 +40,11 @@ _TAGS_THINK = ("<think>", "</think>")
 _TAG_TOOL = "<tool_call>"
 
 
+class StreamClosed(Exception):
+    """The other end went away mid-stream (a client disconnect, the Runtime API closing): the
+    generation stops, the request line says so, nothing more is written."""
+
+
 class HttpStream(Protocol):
     """A response whose body goes out as it is written."""
 
@@ -105,14 +110,20 @@ class SSEWriter:
                 if self._stop.is_set():
                     return
                 if self._clock() - self._last >= self.keepalive_s:
-                    self.stream.write(KEEPALIVE)
+                    try:
+                        self.stream.write(KEEPALIVE)
+                    except (StreamClosed, OSError):
+                        return          # the next send() reports it to the request
                     self.keepalives += 1
                     self._last = self._clock()
 
     def send(self, chunk: dict | str) -> None:
         with self._lock:
-            self._start_locked()
-            self.stream.write(sse_data(chunk))
+            try:
+                self._start_locked()
+                self.stream.write(sse_data(chunk))
+            except OSError as exc:
+                raise StreamClosed(f"{type(exc).__name__}: {exc}") from exc
             self._last = self._clock()
             self.chunks += 1
             if self.first_data_at is None:

@@ -338,3 +338,35 @@ def test_zip_bootstrap_runs_the_streaming_loop(tiny_model_path):
     meta, payload = split_prelude(streamed["body"])
     assert meta["statusCode"] == 200 and sse_events(payload)[-1] == "data: [DONE]"
     assert json.loads(api.posts["rid-boot-2"]["body"])["statusCode"] == 200
+
+
+class Hangs:
+    """A client that reads three writes and disconnects."""
+
+    def __init__(self):
+        self.writes = 0
+
+    def start(self, status, headers):
+        pass
+
+    def write(self, data):
+        self.writes += 1
+        if self.writes > 3:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    def end(self, error_type=None, error=None):
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_client_gone_mid_stream_stops_the_generation(rt, capsys, monkeypatch):
+    monkeypatch.setattr(rt.engine.tokenizer, "eog_ids", frozenset())
+    steps = []
+    real = rt.engine.session.step
+    monkeypatch.setattr(rt.engine.session, "step", lambda tok: steps.append(1) or real(tok))
+    ev = event("chat_function_url.json", stream=True, max_tokens=60)
+    capsys.readouterr()
+    rt.handle_stream(ev, None, Hangs())           # returns: the warm process is not taken down
+    assert len(steps) < 10                        # stopped at the disconnect, not after 60 tokens
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith('{"event":"request"')]
+    assert len(lines) == 1 and lines[0]["error_code"] == "stream_closed"
+    assert rt.handle(event("chat_http_api.json", max_tokens=2), None)["statusCode"] == 200   # still serving
