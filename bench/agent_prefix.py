@@ -89,11 +89,12 @@ def _run(eng, messages, reply="Done.") -> dict:
     cp = eng.chat_prompt(messages, tools=TOOLS)
     render_ms = (time.perf_counter() - t0) * 1e3
     r = eng.generate(cp, max_tokens=64)
-    return {"ttft_ms": round(render_ms + r.tokenize_ms + r.prefill_ms, 1), "mode": r.prefill_mode,
-            "prompt_tokens": r.prompt_tokens, "reused_tokens": r.reused_tokens,
-            "prefilled_tokens": r.prefilled_tokens, "restore_ms": round(r.restore_ms, 1),
-            "prefill_ms": round(r.prefill_ms, 1), "snapshot_tier": r.snapshot_tier,
-            "snapshot_bytes": r.snapshot_bytes, "text": r.text}
+    p = r.prefill
+    return {"ttft_ms": round(render_ms + r.tokenize_ms + p.prefill_ms, 1), "mode": p.mode,
+            "prompt_tokens": r.prompt_tokens, "reused_tokens": p.reused_tokens,
+            "prefilled_tokens": p.prefilled_tokens, "restore_ms": round(p.restore_ms, 1),
+            "prefill_ms": round(p.prefill_ms, 1), "snapshot_tier": p.snapshot_tier,
+            "snapshot_bytes": p.snapshot_or_checkpoint_bytes, "text": r.text}
 
 
 def child(args) -> int:

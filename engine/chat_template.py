@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -39,7 +40,7 @@ import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-__all__ = ["ChatTemplate", "TemplateError", "boundary_offsets", "normalise_messages"]
+__all__ = ["ChatPrompt", "ChatTemplate", "TemplateError", "boundary_offsets", "normalise_messages"]
 
 
 class TemplateError(ValueError):
@@ -141,8 +142,34 @@ def _environment() -> ImmutableSandboxedEnvironment:
 
 
 # ChatML, as every Qwen template writes it: the markers the engine needs to find turn boundaries
-# in a rendered prompt live here, with the template, and nowhere else.
+# in a rendered prompt, and the reasoning block a generation prompt may open, live here, with the
+# template, and nowhere else.
 TURN_START = "<|im_start|>"
+THINK_OPEN = "<think>"
+
+
+@dataclass
+class ChatPrompt:
+    """A rendered chat prompt, tokenized, with what the template opened.
+
+    boundaries: where the system + tools block ends and where each completed turn before
+    the last user message ends — a later request sharing that much of the conversation
+    resumes there (on this instance or, via EFS/S3, on another).
+    opens_reasoning: the prompt ends inside a reasoning block the template opened (Qwen3.5's
+    generation prompt ends ``<think>\n`` when thinking is on), so the reply begins as reasoning:
+    text cut before its ``</think>`` (max_tokens, the deadline) is still reasoning.
+    """
+
+    text: str
+    ids: list[int]
+    boundaries: list[int] = field(default_factory=list)
+    spliced_tokens: int = 0  # leading ids taken from the warm session (its own reply tokens)
+    opens_reasoning: bool = False
+
+
+def opens_reasoning(rendered: str) -> bool:
+    """Whether a rendered generation prompt leaves a reasoning block open for the reply."""
+    return rendered.rstrip().endswith(THINK_OPEN)
 
 
 def through_role_header(text: str, offset: int) -> int:

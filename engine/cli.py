@@ -46,9 +46,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print(json.dumps({
             "text": res.text, "ids": res.token_ids, "finish_reason": res.finish_reason,
             "prompt_tokens": res.prompt_tokens, "completion_tokens": res.completion_tokens,
-            "prefill_mode": res.prefill_mode,
+            "prefill_mode": res.prefill.mode,
             "timings": {"load_ms": round(eng.load_ms, 1), "compile_ms": round(eng.compile_ms, 1),
-                        "tokenize_ms": round(res.tokenize_ms, 2), "prefill_ms": round(res.prefill_ms, 1),
+                        "tokenize_ms": round(res.tokenize_ms, 2), "prefill_ms": round(res.prefill.prefill_ms, 1),
                         "decode_ms": round(res.decode_ms, 1)},
         }, ensure_ascii=False))
     else:

@@ -28,7 +28,5 @@ class PrefillDeadline(Exception):
     def __init__(self, done_tokens: int, remaining_tokens: int) -> None:
         self.done_tokens = done_tokens
         self.remaining_tokens = remaining_tokens
-        self.mode = "batched"          # set by the session: how the prefill began
-        self.reused_tokens = 0
-        self.restore_ms = 0.0
+        self.result: object = None     # the session's PrefillResult for the part done (set as it propagates)
         super().__init__(f"the deadline came after {done_tokens} prefilled tokens, {remaining_tokens} still to go")

@@ -6,20 +6,21 @@ template and one warm Session.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from engine import threads as threads_mod
-from engine.chat_template import ChatTemplate, boundary_offsets
+from engine.chat_template import ChatPrompt, ChatTemplate, boundary_offsets, opens_reasoning
 from engine.errors import ContextOverflow, ModelLoadError, PrefillDeadline
 from engine.gguf_file import GGUFFile
+from engine.jsonlog import LogFn, log_event
 from engine.quant import paths
 from engine.models.qwen35 import Qwen35
 from engine.sampling import Sampler, SamplingParams
-from engine.session import Session
+from engine.session import PrefillResult, Session
 from engine.settings import Settings
 from engine.snapshots import SnapshotStore, state_layout
 from engine.tokenizer import Tokenizer
@@ -29,38 +30,23 @@ __all__ = ["ChatPrompt", "Engine", "GenerationResult", "SamplingParams"]
 
 
 @dataclass
-class ChatPrompt:
-    """A rendered chat prompt with the token positions worth a checkpoint.
-
-    boundaries: where the system + tools block ends and where each completed turn before
-    the last user message ends — a later request sharing that much of the conversation
-    resumes there (on this instance or, via EFS/S3, on another).
-    """
-
-    text: str
-    ids: list[int]
-    boundaries: list[int] = field(default_factory=list)
-    spliced_tokens: int = 0  # leading ids taken from the warm session (its own reply tokens)
-
-
-@dataclass
 class GenerationResult:
+    """One generate() call: the reply, why it ended, and the prefill that preceded it (its
+    mode, reuse, restore and checkpoint figures, as the session reported them)."""
+
     text: str
     token_ids: list[int]
     finish_reason: str  # "stop" | "length"
     prompt_tokens: int
-    completion_tokens: int
-    prefill_mode: str
-    reused_tokens: int
-    prefilled_tokens: int
+    max_tokens: int  # the limit applied: the one asked for, or the rest of the context
+    deadline_hit: bool  # the deadline stopped the prefill (no tokens then) or the decoding, before max_tokens
     tokenize_ms: float
-    restore_ms: float
-    prefill_ms: float
     decode_ms: float
-    snapshot_tier: str | None = None
-    snapshot_bytes: int = 0
-    timings: dict[str, float] = field(default_factory=dict)
-    deadline_hit: bool = False  # the deadline cut the prefill or the decode
+    prefill: PrefillResult
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.token_ids)
 
 
 def _stop_hold(text: str, stops: Sequence[str]) -> int:
@@ -77,7 +63,8 @@ def _stop_hold(text: str, stops: Sequence[str]) -> int:
 class Engine:
     def __init__(self, path: str, model: Qwen35, tokenizer: Tokenizer, template: ChatTemplate | None,
                  thread_config: threads_mod.ThreadConfig, n_ctx: int, load_ms: float, *,
-                 snapshot_store: SnapshotStore | None = None, settings: Settings | None = None) -> None:
+                 snapshot_store: SnapshotStore | None = None, settings: Settings | None = None,
+                 log: LogFn = log_event) -> None:
         self.path = path
         self.model = model
         self.tokenizer = tokenizer
@@ -91,7 +78,7 @@ class Engine:
         self.settings = settings if settings is not None else Settings()
         # Snapshot tiers from the settings (SNAPSHOT_*, docs/snapshots.md); memory-only by default.
         self.snapshots = snapshot_store if snapshot_store is not None else SnapshotStore.from_settings(
-            self.fingerprint, state_layout(model.new_state()), self.settings.snapshots)
+            self.fingerprint, state_layout(model.new_state()), self.settings.snapshots, log=log)
         self.session = Session(model, self.settings.prefill_chunk, store=self.snapshots)
 
     @property
@@ -112,9 +99,11 @@ class Engine:
 
     @classmethod
     def load(cls, path: str, threads: int | None = None, n_ctx: int | None = None, warm_up: bool = True, *,
-             snapshot_store: SnapshotStore | None = None, settings: Settings | None = None) -> Engine:
+             snapshot_store: SnapshotStore | None = None, settings: Settings | None = None,
+             log: LogFn = log_event) -> Engine:
         """`settings` (default: `Settings()`, the defaults) come from the caller's edge, e.g.
-        `Settings.from_env(os.environ)`; `threads` and `n_ctx`, when given, win over them."""
+        `Settings.from_env(os.environ)`; `threads` and `n_ctx`, when given, win over them.
+        `log` receives the engine's events (snapshot writes and ignored snapshots)."""
         settings = settings if settings is not None else Settings()
         t0 = time.perf_counter()
         tc = threads_mod.configure(threads if threads is not None else settings.threads)
@@ -128,7 +117,7 @@ class Engine:
         template = ChatTemplate(source) if source else None
         limit = n_ctx or settings.n_ctx
         eng = cls(path, model, tokenizer, template, tc, min(limit, model.config.n_ctx_train), (time.perf_counter() - t0) * 1e3,
-                  snapshot_store=snapshot_store, settings=settings)
+                  snapshot_store=snapshot_store, settings=settings, log=log)
         if warm_up:
             eng.warm_up()
         return eng
@@ -148,16 +137,18 @@ class Engine:
         return self.chat_template.render(messages, tools=tools, add_generation_prompt=add_generation_prompt,
                                          **template_kwargs)
 
-    def chat_prompt(self, messages: list[dict], tools: list[dict] | None = None,
-                    **template_kwargs) -> ChatPrompt:
-        """Render `messages` (with the generation prompt unless add_generation_prompt=False is
-        given) and tokenize, keeping the warm session's tokens where the text matches them
-        (see `encode_prompt`), with the message-boundary positions for checkpoints."""
-        add_gen = template_kwargs.pop("add_generation_prompt", True)
-        text = self.render_chat(messages, tools=tools, add_generation_prompt=add_gen, **template_kwargs)
+    def chat_prompt(self, messages: list[dict], tools: list[dict] | None = None, *,
+                    add_generation_prompt: bool = True, **template_kwargs) -> ChatPrompt:
+        """Render `messages` and tokenize, keeping the warm session's tokens where the text
+        matches them (see `encode_prompt`), with the message-boundary positions for checkpoints
+        and whether the generation prompt opened a reasoning block. `template_kwargs`
+        (``enable_thinking=False`` ...) go to the template."""
+        text = self.render_chat(messages, tools=tools, add_generation_prompt=add_generation_prompt,
+                                **template_kwargs)
         offsets = self._boundary_offsets(messages, tools, text, template_kwargs)
         ids, spliced = self._encode_reusing(text)
-        return ChatPrompt(text, ids, self._offsets_to_positions(ids, offsets), spliced)
+        return ChatPrompt(text, ids, self._offsets_to_positions(ids, offsets), spliced,
+                          opens_reasoning=add_generation_prompt and opens_reasoning(text))
 
     def _boundary_offsets(self, messages: list[dict], tools: list[dict] | None, text: str,
                           kw: dict) -> list[int]:
@@ -211,41 +202,44 @@ class Engine:
         handler may call it before returning; atexit does it at process exit."""
         return self.snapshots.flush(timeout)
 
-    def generate(self, prompt: str | list[int] | ChatPrompt, *, max_tokens: int,
+    def generate(self, prompt: str | list[int] | ChatPrompt, *, max_tokens: int | None = None,
                  sampling: SamplingParams | None = None,
                  stop: Sequence[str] = (), deadline: float | None = None,
                  on_text: Callable[[str], None] | None = None,
                  admit: Callable[[int], None] | None = None) -> GenerationResult:
-        """`deadline` (time.monotonic()) bounds the prefill (checked between its chunks: past it
-        the result has no tokens, finish_reason "length" and deadline_hit) and the decode.
-        `admit(n)` sees the number of tokens left to prefill before any prefill work and may
-        raise to refuse the request (function/admission.py)."""
+        """Prefill `prompt` (reusing the warm session and snapshots) and decode until an
+        end-of-generation token, a `stop` string, `max_tokens`, or the `deadline` (a
+        `time.monotonic()` value). `max_tokens=None` fills the rest of the context.
+        ContextOverflow: the prompt plus `max_tokens` (None: one token) do not fit.
+        The deadline bounds the prefill too (checked between its chunks: past it the result has
+        no tokens, finish_reason "length" and deadline_hit). `admit(n)` sees the number of tokens
+        left to prefill before any prefill work and may raise to refuse (function/admission.py)."""
         t0 = time.perf_counter()
         ids, boundaries = self.encode_prompt(prompt)
         tokenize_ms = (time.perf_counter() - t0) * 1e3
         if not ids:
             raise ValueError("prompt is empty: it produced no tokens")
-        if max_tokens < 1:
+        if max_tokens is not None and max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-        if len(ids) + max_tokens > self.n_ctx:
-            raise ContextOverflow(len(ids), max_tokens, self.n_ctx)
+        need = 1 if max_tokens is None else max_tokens
+        if len(ids) + need > self.n_ctx:
+            raise ContextOverflow(len(ids), need, self.n_ctx)
+        limit = self.n_ctx - len(ids) if max_tokens is None else max_tokens
         sampler = Sampler(sampling or SamplingParams())
         stops = [s for s in stop if s]
 
+        # Background snapshot writes wait until the first token is out: the prefill and the
+        # first sample must not share the CPU with serialising and uploading a snapshot.
         try:
-            pre = self.session.prefill(ids, boundaries, release_writes=False, deadline=deadline, admit=admit)
+            with self.snapshots.writes_held():
+                pre = self.session.prefill(ids, boundaries, deadline=deadline, admit=admit)
+                t1 = time.perf_counter()
+                tok = sampler(pre.logits)
         except PrefillDeadline as cut:
-            self.snapshots.release()
-            spent = (time.perf_counter() - t0) * 1e3 - tokenize_ms - cut.restore_ms
-            return GenerationResult(
-                text="", token_ids=[], finish_reason="length", prompt_tokens=len(ids), completion_tokens=0,
-                prefill_mode=cut.mode, reused_tokens=cut.reused_tokens, prefilled_tokens=cut.done_tokens,
-                tokenize_ms=tokenize_ms, restore_ms=cut.restore_ms, prefill_ms=spent, decode_ms=0.0,
-                deadline_hit=True)
-        except BaseException:
-            self.snapshots.release()
-            raise
-        t1 = time.perf_counter()
+            assert isinstance(cut.result, PrefillResult)
+            return GenerationResult(text="", token_ids=[], finish_reason="length", prompt_tokens=len(ids),
+                                    max_tokens=limit, deadline_hit=True, tokenize_ms=tokenize_ms, decode_ms=0.0,
+                                    prefill=cut.result)
         decoder = self.tokenizer.incremental_decoder()
         eog = self.tokenizer.eog_ids
         out: list[int] = []
@@ -253,12 +247,7 @@ class Engine:
         emitted = 0
         finish = "length"
         stopped_by_string = False
-        cut_by_deadline = False
-        logits = pre.logits
-        try:
-            tok = sampler(logits)
-        finally:  # the first token is out: background snapshot writes may use the CPU now
-            self.snapshots.release()
+        deadline_hit = False
         while True:
             if tok in eog:
                 finish = "stop"
@@ -276,10 +265,10 @@ class Engine:
                 if safe > emitted:
                     on_text(text[emitted:safe])
                     emitted = safe
-            if len(out) >= max_tokens:
+            if len(out) >= limit:
                 break
             if deadline is not None and time.monotonic() >= deadline:
-                cut_by_deadline = True
+                deadline_hit = True
                 break
             logits = self.session.step(tok)
             tok = sampler(logits)
@@ -288,12 +277,6 @@ class Engine:
         if on_text and len(text) > emitted:
             on_text(text[emitted:])
         decode_ms = (time.perf_counter() - t1) * 1e3
-        return GenerationResult(
-            text=text, token_ids=out, finish_reason=finish, prompt_tokens=len(ids), completion_tokens=len(out),
-            prefill_mode=pre.mode, reused_tokens=pre.reused_tokens, prefilled_tokens=pre.prefilled_tokens,
-            tokenize_ms=tokenize_ms, restore_ms=pre.restore_ms, prefill_ms=pre.prefill_ms, decode_ms=decode_ms,
-            snapshot_tier=pre.snapshot_tier,
-            snapshot_bytes=pre.snapshot_bytes if pre.snapshot_tier else pre.checkpoint_bytes,
-            timings={"checkpoint_ms": pre.checkpoint_ms, "checkpoints": float(len(pre.checkpoints))},
-            deadline_hit=cut_by_deadline,
-        )
+        return GenerationResult(text=text, token_ids=out, finish_reason=finish, prompt_tokens=len(ids),
+                                max_tokens=limit, deadline_hit=deadline_hit, tokenize_ms=tokenize_ms,
+                                decode_ms=decode_ms, prefill=pre)

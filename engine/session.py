@@ -16,8 +16,9 @@ piece: a 538-token agent prompt with checkpoints at 256, 504, 512 and 533 took 9
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -44,13 +45,11 @@ class PrefillResult:
     checkpoint_bytes: int = 0  # in-memory size of those captures
     checkpoint_ms: float = 0.0  # time spent storing them (inside prefill_ms; the copies are made in the forward)
 
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    @property
+    def snapshot_or_checkpoint_bytes(self) -> int:
+        """The request log's `snapshot_bytes`: the restored snapshot's size or, when nothing
+        was restored, the in-memory size of what this call captured."""
+        return self.snapshot_bytes if self.snapshot_tier else self.checkpoint_bytes
 
 
 def checkpoint_positions(n_prompt: int, start: int, boundaries: Sequence[int] = (), every: int = 0,
@@ -95,30 +94,24 @@ class Session:
         self.state = self.model.new_state()
         self.last_logits = None
 
-    def prefill(self, prompt: Sequence[int], boundaries: Sequence[int] = (), *,
-                release_writes: bool = True, deadline: float | None = None,
+    def prefill(self, prompt: Sequence[int], boundaries: Sequence[int] = (), *, deadline: float | None = None,
                 admit: Callable[[int], None] | None = None) -> PrefillResult:
         """Make the state hold `prompt`, reusing whatever is held or stored.
 
-        `boundaries`: token positions worth a checkpoint (chat-message ends). With
-        `release_writes=False` the store's background writes stay held until the caller
-        releases them (generate does so after the first token). `admit(n)` is called with the
-        number of tokens left to prefill once reuse and restores are decided, before any prefill
-        work (it may raise to refuse); `deadline` (time.monotonic()) is checked before each
-        chunk: past it, PrefillDeadline is raised with the tokens done so far kept.
+        `boundaries`: token positions worth a checkpoint (chat-message ends). The store's
+        background writes wait while this runs; a caller that needs them to wait longer (the
+        engine, until the first token is out) opens `store.writes_held()` around it.
+        `admit(n)` is called with the number of tokens left to prefill once reuse and restores
+        are decided, before any prefill work (it may raise to refuse); `deadline`
+        (time.monotonic()) is checked before each chunk: past it, PrefillDeadline is raised with
+        the tokens done so far kept.
         """
         prompt = [int(t) for t in prompt]
         if not prompt:
             raise ValueError("prompt has no tokens")
         t0 = time.perf_counter()
-        store = self.store
-        if store is not None:
-            store.hold()
-        try:
+        with self.store.writes_held() if self.store is not None else nullcontext():
             return self._prefill(prompt, boundaries, t0, deadline, admit)
-        finally:
-            if store is not None and release_writes:
-                store.release()
 
     def _prefill(self, prompt: list[int], boundaries: Sequence[int], t0: float, deadline: float | None = None,
                  admit: Callable[[int], None] | None = None) -> PrefillResult:
@@ -157,7 +150,8 @@ class Session:
         try:
             logits, cp_bytes, cp_ms = self._run(prompt, start, cps, deadline)
         except PrefillDeadline as cut:
-            cut.mode, cut.reused_tokens, cut.restore_ms = mode, start, restore_ms
+            cut.result = PrefillResult(mode, start, cut.done_tokens, (time.perf_counter() - t0) * 1e3 - restore_ms,
+                                       restore_ms, np.empty(0, dtype=np.float32), tier, snap_bytes)
             raise
         return PrefillResult(mode, start, n - start, (time.perf_counter() - t0) * 1e3 - restore_ms, restore_ms,
                              logits, tier, snap_bytes, cps, cp_bytes, cp_ms)

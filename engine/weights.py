@@ -10,8 +10,7 @@ BLAS does `X @ W.T` (the other formats, longer prompts, and arm64, where the int
 do not run).
 F32 weights are used straight from the mmap in both cases. Where the float kernels run (arm64)
 the Q8_0 and Q6_K decode kernels take per-block scales decoded once into f32
-(`kernels.prepare`), made lazily on the first T == 1 call and kept beside the mmap'd bytes
-(`prepared_nbytes`).
+(`kernels.prepare`), made lazily on the first T == 1 call and kept beside the mmap'd bytes.
 """
 from __future__ import annotations
 
@@ -91,10 +90,6 @@ class Linear:
     def nbytes(self) -> int:
         return int(self.raw.nbytes)
 
-    @property
-    def prepared_nbytes(self) -> int:
-        return 0 if self._plan is None else self._plan.extra_nbytes
-
     def __call__(self, x: np.ndarray) -> np.ndarray:
         x = np.ascontiguousarray(x, dtype=np.float32)
         if self._f32 is not None:
@@ -126,12 +121,6 @@ class Linear:
         if self._f32 is not None:
             return self._f32[ids].astype(np.float32, copy=True)
         return formats.dequantize(self.raw[ids], self.qtype, (len(ids), self.in_features))
-
-    def dense(self) -> np.ndarray:
-        """The whole matrix in f32 (tests and small tensors only)."""
-        if self._f32 is not None:
-            return np.array(self._f32)
-        return formats.dequantize(self.raw, self.qtype, (self.out_features, self.in_features))
 
 
 def vector(view: TensorView) -> np.ndarray:

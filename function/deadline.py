@@ -25,6 +25,7 @@ class Deadline:
     source: str               # "api" | "lambda"
 
     def remaining_s(self, now: float | None = None) -> float:
+        """Seconds left (admission sets the prefill it would need against them)."""
         return self.at - (time.monotonic() if now is None else now)
 
 

@@ -16,7 +16,8 @@ import time
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
-from .request_log import emit
+from engine.jsonlog import emit
+
 from .settings import FunctionSettings
 
 PROGRESS_EVERY_S = 2.0

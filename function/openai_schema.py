@@ -12,26 +12,19 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from engine.sampling import SamplingError, SamplingParams
+
 from .errors import bad_request
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 @dataclass
-class Sampling:
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    seed: int | None = None
-
-
-@dataclass
 class GenRequest:
     route: str
     model: str | None = None
-    max_tokens: int | None = None          # None: the route's default, capped by the context
-    sampling: Sampling = field(default_factory=Sampling)
+    max_tokens: int | None = None          # None: the route's default (chat: the rest of the context)
+    sampling: SamplingParams = field(default_factory=SamplingParams)
     stop: list[str] = field(default_factory=list)
     stream: bool = False
     include_usage: bool = False
@@ -56,14 +49,17 @@ def _type_name(v) -> str:
             dict: "object", type(None): "null"}.get(type(v), type(v).__name__)
 
 
-def _number(body: dict, name: str, lo: float, hi: float, default: float) -> float:
+def _number(body: dict, name: str, lo: float | None, hi: float | None, default: float) -> float:
+    """A JSON number; `lo`/`hi` (None: unbounded here) are the API's own bounds, where the
+    engine's type does not already check the field."""
     if not _present(body, name):
         return default
     v = body[name]
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise bad_request(f"'{name}' must be a number, got {_type_name(v)}", name, "invalid_type")
-    if not (lo <= v <= hi):
-        raise bad_request(f"'{name}' must be between {lo} and {hi}, got {v}", name)
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        rng = f"at most {hi}" if lo is None else f"at least {lo}" if hi is None else f"between {lo} and {hi}"
+        raise bad_request(f"'{name}' must be {rng}, got {v}", name)
     return float(v)
 
 
@@ -119,15 +115,18 @@ def _common(body: dict, route: str) -> GenRequest:
     mct = _integer(body, "max_completion_tokens", 1)
     mt = _integer(body, "max_tokens", 1)
     req.max_tokens = mct if mct is not None else mt
-    req.sampling = Sampling(
-        temperature=_number(body, "temperature", 0.0, 2.0, 1.0),
-        top_p=_number(body, "top_p", 0.0, 1.0, 1.0),
-        top_k=_top_k(body),
-        min_p=_number(body, "min_p", 0.0, 1.0, 0.0),
-        seed=_integer(body, "seed", -(2 ** 63), 2 ** 64 - 1),
-    )
-    if req.sampling.top_p == 0.0:
-        raise bad_request("'top_p' must be greater than 0", "top_p")
+    # the JSON types and OpenAI's own limits here (temperature up to 2, a 64-bit seed); the
+    # ranges sampling needs are checked once, by SamplingParams
+    try:
+        req.sampling = SamplingParams(
+            temperature=_number(body, "temperature", None, 2.0, 1.0),
+            top_p=_number(body, "top_p", None, None, 1.0),
+            top_k=_top_k(body),
+            min_p=_number(body, "min_p", None, None, 0.0),
+            seed=_integer(body, "seed", -(2 ** 63), 2 ** 64 - 1),
+        )
+    except SamplingError as exc:
+        raise bad_request(str(exc), exc.field) from None
     for name in ("presence_penalty", "frequency_penalty"):
         _number(body, name, -2.0, 2.0, 0.0)       # accepted, not applied (documented)
     req.stop = _stop(body)

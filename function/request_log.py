@@ -22,12 +22,16 @@ total − Σ stages is printed so a gap is visible; it is within ``TOLERANCE_MS`
 """
 from __future__ import annotations
 
-import json
-import sys
 import time
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+from engine.jsonlog import emit
 
 from .emf import Family, emf_block
+
+if TYPE_CHECKING:  # the engine loads in the init thread, never at import (cold start)
+    from engine.generate import GenerationResult
 
 STAGES = ("load_ms", "parse_ms", "template_ms", "tokenize_ms", "restore_ms", "prefill_ms", "decode_ms",
           "respond_ms")
@@ -50,12 +54,6 @@ INIT = Family("init", {"init_ms": "Milliseconds", "download_ms": "Milliseconds",
                        "compile_ms": "Milliseconds", "cold_starts": "Count", "init_failures": "Count"},
               ("service", "phase"))
 NO_PREFILL = "none"        # prefill_mode of a request that generated nothing (health, models, errors)
-
-
-def emit(obj: dict) -> None:
-    """One JSON object, one line, on stdout (Lambda sends stdout to CloudWatch Logs)."""
-    sys.stdout.write(json.dumps(obj, ensure_ascii=False, separators=(",", ":"), default=str) + "\n")
-    sys.stdout.flush()
 
 
 def _round(v):
@@ -104,18 +102,23 @@ class RequestLog:
         assert name in STAGES, name
         self.fields[name] += float(ms)
 
-    def add_generation(self, result) -> None:
-        """Copy the engine's figures from a GenerationResult."""
+    def add_generation(self, result: GenerationResult) -> None:
+        """The engine's figures from a GenerationResult and the prefill it holds."""
         f = self.fields
-        f["prefill_mode"] = result.prefill_mode or NO_PREFILL
-        f["prompt_tokens"] = int(result.prompt_tokens)
-        f["reused_tokens"] = int(result.reused_tokens)
-        f["prefilled_tokens"] = int(result.prefilled_tokens)
-        f["tokens_out"] = int(result.completion_tokens)
-        for s in ("tokenize_ms", "restore_ms", "prefill_ms", "decode_ms"):
-            f[s] += float(getattr(result, s) or 0.0)
-        f["snapshot_tier"] = getattr(result, "snapshot_tier", None)
-        f["snapshot_bytes"] = int(getattr(result, "snapshot_bytes", 0) or 0)
+        pre = result.prefill
+        f["prefill_mode"] = pre.mode
+        f["prompt_tokens"] = result.prompt_tokens
+        f["reused_tokens"] = pre.reused_tokens
+        f["prefilled_tokens"] = pre.prefilled_tokens
+        f["tokens_out"] = result.completion_tokens
+        f["max_tokens"] = result.max_tokens
+        f["deadline_hit"] = result.deadline_hit
+        f["tokenize_ms"] += result.tokenize_ms
+        f["restore_ms"] += pre.restore_ms
+        f["prefill_ms"] += pre.prefill_ms
+        f["decode_ms"] += result.decode_ms
+        f["snapshot_tier"] = pre.snapshot_tier
+        f["snapshot_bytes"] = pre.snapshot_or_checkpoint_bytes
 
     def finish(self, status: int, error_code: str | None = None) -> dict:
         """Compute totals, print the line (once) and return it."""

@@ -20,6 +20,8 @@ import traceback
 import uuid
 from typing import TYPE_CHECKING
 
+from engine.jsonlog import emit
+
 from . import admission
 from . import deadline as deadline_mod
 from . import events
@@ -27,15 +29,14 @@ from . import openai_schema as oa
 from . import streaming as sse_mod
 from .errors import APIError, bad_request, context_overflow, internal, method_not_allowed, model_unavailable, \
     not_found, unauthorized
-from .request_log import RequestLog, emit, init_line
+from .request_log import RequestLog, init_line
 from .settings import FunctionSettings
 from .tool_calls import parse_output
 from .watchdog import Watchdog
 
 if TYPE_CHECKING:  # loaded in the init thread, never at import (cold start)
+    from engine.chat_template import ChatPrompt
     from engine.generate import Engine
-
-    from .model_source import ResolvedModel
 
 STREAMED = object()    # _generate's body when the answer already went out through the stream
 
@@ -45,7 +46,6 @@ ROUTES = {
     "/v1/models": ("GET", "models"),
     "/health": ("GET", "health"),
 }
-DEFAULT_CHAT_MAX_TOKENS = 2048     # capped by the context; the deadline stops long answers anyway
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 
@@ -89,7 +89,6 @@ class Runtime:
         self.error_public: str | None = None   # what a 503 body says (no internal paths)
         self.error_permanent = False
         self.failed_at = 0.0
-        self.resolved: ResolvedModel | None = None
         self._thread: threading.Thread | None = None
         self._load_started = 0.0
         self._init_reported = False
@@ -116,7 +115,6 @@ class Runtime:
         try:
             from . import model_source
             res = model_source.resolve(self.settings, s3_client=self.s3_client)
-            self.resolved = res
             fields.update(model_source=res.source, model_uri=res.uri, model_bytes=res.bytes,
                           downloaded=res.downloaded, download_ms=res.download_ms)
             from engine.generate import Engine
@@ -327,45 +325,43 @@ class Runtime:
 
     # ------------------------------------------------------------------ generation
 
-    def _generate(self, eng, greq: oa.GenRequest, log: RequestLog, dl, writer: sse_mod.SSEWriter | None = None):
-        from engine.generate import SamplingParams
+    def _generate(self, eng: Engine, greq: oa.GenRequest, log: RequestLog, dl: deadline_mod.Deadline,
+                  writer: sse_mod.SSEWriter | None = None):
         from engine.errors import ContextOverflow
 
         chat = greq.route == "chat"
         param = "messages" if chat else "prompt"
+        prompt: ChatPrompt | str | list[int]
+        opens_reasoning = False  # the template began the reply inside <think>
         if chat:
             with log.stage("template_ms"):
                 try:
                     # chat_prompt keeps the message boundaries: the prefill checkpoints there, so
                     # another conversation with the same system + tools resumes from a snapshot
-                    prompt = eng.chat_prompt(greq.messages, tools=greq.tools, add_generation_prompt=True,
-                                             **self._template_kwargs(greq))
+                    cp = eng.chat_prompt(greq.messages, tools=greq.tools, add_generation_prompt=True,
+                                         **self._template_kwargs(greq))
+                    prompt, opens_reasoning = cp, cp.opens_reasoning
                 except ValueError as exc:      # engine.chat_template.TemplateError is a ValueError
                     raise bad_request(f"the chat template rejected the messages: {exc}", "messages",
                                       "invalid_messages") from None
         else:
+            assert greq.prompt is not None  # parse_completion requires it
             prompt = greq.prompt
             if isinstance(prompt, list):
-                n_vocab = getattr(eng.tokenizer, "n_vocab", None)
-                if isinstance(n_vocab, int) and prompt and max(prompt) >= n_vocab:
+                n_vocab = eng.tokenizer.n_vocab
+                if prompt and max(prompt) >= n_vocab:
                     raise bad_request(f"'prompt' holds token id {max(prompt)}; the vocabulary has {n_vocab}",
                                       "prompt")
-        explicit = greq.max_tokens is not None
-        max_tokens = greq.max_tokens if explicit else (
-            DEFAULT_CHAT_MAX_TOKENS if chat else DEFAULT_COMPLETION_MAX_TOKENS)
-        max_tokens = min(max_tokens, eng.n_ctx) if not explicit else max_tokens
-        s = greq.sampling
-        sampling = SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p,
-                                  seed=s.seed)
+        # absent max_tokens: chat fills the rest of the context (the engine's None; the deadline
+        # stops long answers), completions take OpenAI's default of 16
+        max_tokens = greq.max_tokens if greq.max_tokens is not None or chat else DEFAULT_COMPLETION_MAX_TOKENS
         pieces: list[str] = []
         rid = oa.new_id("chatcmpl" if chat else "cmpl")
         created = oa.now()
-        prompt_text = getattr(prompt, "text", prompt)
-        opens_think = isinstance(prompt_text, str) and prompt_text.rstrip().endswith("<think>")
 
-        def streamer(out: sse_mod.Sink):
+        def streamer(out: sse_mod.Sink) -> sse_mod.ChatStream | sse_mod.CompletionStream:
             if chat:
-                return sse_mod.ChatStream(out, rid, created, eng.model_id, opens_think=opens_think,
+                return sse_mod.ChatStream(out, rid, created, eng.model_id, opens_think=opens_reasoning,
                                           tools=greq.tools if greq.parse_tool_calls else None,
                                           include_usage=greq.include_usage)
             return sse_mod.CompletionStream(out, rid, created, eng.model_id, include_usage=greq.include_usage)
@@ -386,45 +382,23 @@ class Runtime:
                 writer.begin()          # first bytes now; keep-alive comments while the prefill runs
                 live.open()
 
-        def run(mt):
-            pieces.clear()
-            return eng.generate(prompt, max_tokens=mt, sampling=sampling, stop=list(greq.stop),
-                                deadline=dl.at, on_text=on_text, admit=admit)
-
-        def attempt(mt):
-            # a refused attempt has tokenized the prompt and checked its length: that time is tokenize_ms
-            t = time.perf_counter()
-            try:
-                return run(mt)
-            except (ContextOverflow, ValueError):
-                log.add_ms("tokenize_ms", (time.perf_counter() - t) * 1000.0)
-                raise
-
+        t = time.perf_counter()
         try:
-            try:
-                result = attempt(max_tokens)
-            except ContextOverflow as exc:
-                if explicit or exc.prompt_tokens >= exc.n_ctx:
-                    raise context_overflow(exc.prompt_tokens, exc.max_tokens if explicit else 1, exc.n_ctx,
-                                           param) from None
-                # no max_tokens given: fill the rest of the context (the deadline still applies)
-                max_tokens = exc.n_ctx - exc.prompt_tokens
-                result = attempt(max_tokens)
-        except ContextOverflow as exc:
-            raise context_overflow(exc.prompt_tokens, exc.max_tokens, exc.n_ctx, param) from None
-        except APIError:
-            raise
-        except ValueError as exc:              # the engine refusing this input: the client's to fix
+            result = eng.generate(prompt, max_tokens=max_tokens, sampling=greq.sampling, stop=list(greq.stop),
+                                  deadline=dl.at, on_text=on_text, admit=admit)
+        except ValueError as exc:
+            # a refused call has tokenized the prompt and checked its length: that time is tokenize_ms
+            log.add_ms("tokenize_ms", (time.perf_counter() - t) * 1000.0)
+            if isinstance(exc, ContextOverflow):
+                raise context_overflow(exc.prompt_tokens, exc.max_tokens, exc.n_ctx, param) from None
+            # the engine refusing this input: the client's to fix
             emit({"event": "engine_rejected_input", "error": str(exc), "traceback": traceback.format_exc(limit=6)})
             raise bad_request(f"the engine rejected the input: {exc}", param, "invalid_input") from None
         log.add_generation(result)
-        self.prefill_rate.observe(result.prefilled_tokens, result.prefill_ms)
-        log.set(max_tokens=max_tokens,
-                deadline_hit=result.deadline_hit or (result.finish_reason == "length"
-                                                     and result.completion_tokens < max_tokens))
+        self.prefill_rate.observe(result.prefill.prefilled_tokens, result.prefill.prefill_ms)
 
         with log.stage("respond_ms"):
-            use = oa.usage(result.prompt_tokens, result.completion_tokens, result.reused_tokens)
+            use = oa.usage(result.prompt_tokens, result.completion_tokens, result.prefill.reused_tokens)
             if greq.stream:
                 # one code path: the live stream has sent its pieces already; a buffering
                 # integration gets the same chunks fed from the pieces, in one body
@@ -439,8 +413,10 @@ class Runtime:
                     return 200, STREAMED, sse_mod.SSE_CONTENT_TYPE
                 return 200, out.body(), sse_mod.SSE_CONTENT_TYPE
             if chat:
+                # a reply the template began inside <think> is reasoning until it closes it,
+                # also when max_tokens or the deadline cut it first
                 parsed = parse_output(result.text, tools=greq.tools if greq.parse_tool_calls else None,
-                                      prompt_opens_think=opens_think)
+                                      prompt_opens_think=opens_reasoning)
                 finish = "tool_calls" if parsed.tool_calls else result.finish_reason
                 log.set(finish_reason=finish)
                 msg = oa.chat_message(parsed.content, parsed.reasoning, parsed.tool_calls)

@@ -14,8 +14,9 @@ from __future__ import annotations
 import threading
 import time
 
+from engine.jsonlog import emit
+
 from .emf import Family, emf_block
-from .request_log import emit
 
 TIMEOUTS = Family("timeouts", {"timeouts": "Count"}, ("service", "route"))
 DEFAULT_MARGIN_S = 1.0
@@ -26,7 +27,6 @@ class Watchdog:
         self.log = log                  # may be attached after start (the request's RequestLog)
         self._t0 = time.monotonic()
         self._remaining_s = remaining_s
-        self.fired = False
         self._timer = threading.Timer(max(0.0, remaining_s - margin), self._fire)
         self._timer.daemon = True
         self._timer.name = "warmllm-watchdog"
@@ -49,7 +49,6 @@ class Watchdog:
         self._timer.cancel()
 
     def _fire(self) -> None:
-        self.fired = True
         f = self.log.fields if self.log is not None else {}
         elapsed = time.monotonic() - self._t0
         line = {"event": "timeout", "request_id": f.get("request_id"), "route": f.get("route") or "none",

@@ -916,10 +916,6 @@ class MatvecPlan:
             self.prepared = prepare(qt, self.w, rows, cols) if qt in _PREPARED else None
             self.args = _MV_ARGS.get(qt, ())
 
-    @property
-    def extra_nbytes(self) -> int:
-        return 0 if self.prepared is None else int(self.prepared.nbytes)
-
     def tokens(self, x: np.ndarray) -> np.ndarray:
         """``x @ W.T`` for T tokens (x (T, cols) f32) with the multi-token int8 kernel: each weight
         block is unpacked once per TILE (K formats: WIDE_TILE) tokens. Only where

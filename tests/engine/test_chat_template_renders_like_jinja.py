@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.chat_template import ChatTemplate, TemplateError
+from engine.chat_template import ChatTemplate, TemplateError, opens_reasoning
 from engine.synthetic.vocab import build_vocab
 from engine.tokenizer import Tokenizer
 
@@ -263,3 +263,13 @@ def test_a_turn_boundary_moves_past_the_role_header_that_starts_there():
     text = f"sys{TURN_START}user\nhello"
     assert through_role_header(text, 3) == text.index("hello")
     assert through_role_header(text, 0) == 0 and through_role_header(f"a{TURN_START}user", 1) == 1  # no header / no newline
+
+
+@BOTH
+def test_the_generation_prompt_says_whether_it_opened_reasoning(tpl):
+    """Qwen3.5's generation prompt ends `<think>\\n` with thinking on: the reply begins as
+    reasoning (ChatPrompt.opens_reasoning, what the function reads instead of the text)."""
+    msgs = [{"role": "user", "content": "Hi"}]
+    assert opens_reasoning(tpl.render(msgs))
+    assert not opens_reasoning(tpl.render(msgs, enable_thinking=False))  # <think>\n\n</think>: closed
+    assert not opens_reasoning(tpl.render(msgs, add_generation_prompt=False))

@@ -195,9 +195,7 @@ def test_corrupt_snapshot_falls_back_and_is_rewritten(model_factory, tmp_path):
 def engine(tiny_model_path):
     from engine.generate import Engine
 
-    eng = Engine.load(str(tiny_model_path), warm_up=False)
-    eng.snapshots.log = lambda *a, **k: None
-    return eng
+    return Engine.load(str(tiny_model_path), warm_up=False, log=lambda *a, **k: None)
 
 
 SYSTEM = {"role": "system", "content": "You are the warm Lambda's assistant. Answer briefly and cite snapshots. " * 3}
@@ -246,7 +244,7 @@ def test_chat_turn_two_extends_turn_one_and_other_conversations_reuse_the_system
     turn1 = [SYSTEM, {"role": "user", "content": "Which city is warm?"}]
     script(monkeypatch, engine, "Think about it.\n</think>\n\nLisbon is warm.")
     r1 = engine.generate(engine.chat_prompt(turn1, tools=TOOLS), max_tokens=50)
-    assert r1.prefill_mode in ("batched", "snapshot_memory") and r1.finish_reason == "stop"
+    assert r1.prefill.mode in ("batched", "snapshot_memory") and r1.finish_reason == "stop"
     assert r1.text == "Think about it.\n</think>\n\nLisbon is warm."
     turn2 = turn1 + [{"role": "assistant", "content": "Lisbon is warm.", "reasoning_content": "Think about it."},
                      {"role": "user", "content": "And cold?"}]
@@ -254,19 +252,19 @@ def test_chat_turn_two_extends_turn_one_and_other_conversations_reuse_the_system
     cp2 = engine.chat_prompt(turn2, tools=TOOLS)
     assert cp2.ids[:len(engine.session.tokens)] == engine.session.tokens
     r2 = engine.generate(cp2, max_tokens=5)
-    assert r2.prefill_mode == "extend" and r2.reused_tokens == r1.prompt_tokens + len(r1.token_ids)
+    assert r2.prefill.mode == "extend" and r2.prefill.reused_tokens == r1.prompt_tokens + len(r1.token_ids)
     # another conversation, same system + tools: resumes at that boundary
     other = [SYSTEM, {"role": "user", "content": "Something else entirely, please."}]
     script(monkeypatch, engine, "Sure.")
     cp3 = engine.chat_prompt(other, tools=TOOLS)
     r3 = engine.generate(cp3, max_tokens=5)
-    assert r3.prefill_mode == "snapshot_memory" and r3.reused_tokens == cp3.boundaries[0]
+    assert r3.prefill.mode == "snapshot_memory" and r3.prefill.reused_tokens == cp3.boundaries[0]
     # a client that drops reasoning_content changes the reply text: resume at the user message
     script(monkeypatch, engine, "Oslo.")
     turn2b = turn1 + [{"role": "assistant", "content": "Lisbon is warm."}, {"role": "user", "content": "And cold?"}]
     cp4 = engine.chat_prompt(turn2b, tools=TOOLS)
     r4 = engine.generate(cp4, max_tokens=5)
-    assert r4.prefill_mode == "snapshot_memory" and r4.reused_tokens == cp4.boundaries[1]
+    assert r4.prefill.mode == "snapshot_memory" and r4.prefill.reused_tokens == cp4.boundaries[1]
 
 
 def test_chat_turn_two_extends_through_the_handler(tiny_model_path, monkeypatch, capsys):
@@ -310,8 +308,9 @@ CHILD = textwrap.dedent("""
     eng = Engine.load(sys.argv[1], warm_up=False, settings=Settings.from_env(os.environ))  # the edge
     msgs = json.loads(sys.argv[2])
     res = eng.generate(eng.chat_prompt(msgs), max_tokens=3)
-    print(json.dumps({"mode": res.prefill_mode, "reused": res.reused_tokens, "tier": res.snapshot_tier,
-                      "bytes": res.snapshot_bytes, "restore_ms": res.restore_ms, "ids": res.token_ids}))
+    print(json.dumps({"mode": res.prefill.mode, "reused": res.prefill.reused_tokens, "tier": res.prefill.snapshot_tier,
+                      "bytes": res.prefill.snapshot_or_checkpoint_bytes, "restore_ms": res.prefill.restore_ms,
+                      "ids": res.token_ids}))
 """)
 
 

@@ -3,6 +3,7 @@ memory / directory / S3 tiers (moto in-process and moto's server over real HTTP)
 eviction, the background writer, and two processes writing the same key."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
@@ -68,6 +69,19 @@ def test_round_trip_slices_kv_and_keeps_every_array():
     assert data[:8] == S.MAGIC and len(data) % 1 == 0
     # arrays parsed from a bytearray are writable (decode updates S in place)
     back.state.layers[0].S += 1
+
+
+def test_wire_format_bytes_are_pinned():
+    """The `.wsnap` bytes of a fixed snapshot: snapshots written by an older build on EFS or S3
+    must stay readable, so a change here is a FORMAT_VERSION bump, never an accident. The digest
+    was produced by engine/snapshots.py before it became a package (commit 0f4e76c)."""
+    f = lambda n, *s: np.arange(np.prod(s), dtype=np.float32).reshape(s) * 0.5 - n  # noqa: E731
+    state = State(5, [DeltaNetState(f(1, 3, 16), f(2, 2, 4, 4)), DeltaNetState(f(3, 3, 16), f(4, 2, 4, 4)),
+                      AttentionState(f(5, 1, 9, 8), f(6, 1, 9, 8))])
+    snap = S.Snapshot(np.arange(5, dtype=np.int32) * 7, state, np.linspace(-1, 1, 50, dtype=np.float32))
+    data = bytes(S.serialize(snap, FP, "ab" * 16, created=1700000000.25))
+    assert len(data) == 2208
+    assert hashlib.sha256(data).hexdigest() == "9eb114ae5727a74ab8a901c4de898dc04d26dfd70fc9758cc53a330ab8bf11d5"
 
 
 def test_prefix_hashes_match_one_shot_hashes():
@@ -159,8 +173,9 @@ def test_deserialize_rejects_other_tokens_other_layout_and_old_age():
 
 
 def test_no_pickle_in_the_reader():
-    src = (ROOT / "engine" / "snapshots.py").read_text()
-    assert "import pickle" not in src and "allow_pickle=True" not in src and "np.load(" not in src
+    for path in (ROOT / "engine" / "snapshots").glob("*.py"):
+        src = path.read_text()
+        assert "import pickle" not in src and "allow_pickle=True" not in src and "np.load(" not in src, path
 
 
 # ---- tiers ---------------------------------------------------------------------------------
@@ -228,6 +243,78 @@ def test_bad_directory_snapshot_is_ignored_logged_deleted_and_replaced(tmp_path,
     st.put(key_of(good), good)  # the next capture writes a good one in its place
     assert st.flush(10)
     assert store(tmp_path).lookup(good.tokens.tolist() + [1], [16]).snapshot.n_tokens == 16
+
+
+def test_a_bad_directory_snapshot_replaced_after_its_read_is_not_deleted(tmp_path):
+    """Another instance may write a good file over the bad one between this lookup's read and
+    its delete: the delete must leave the new file alone."""
+    log = Log()
+    st = store(tmp_path, memory_mb=0, log=log)
+    good = make_snap(16, seed=3, logits=True)
+    path = tmp_path / FP / S.snapshot_name(key_of(good))
+    path.parent.mkdir(parents=True)
+    path.write_bytes(_bad("corrupt", good, key_of(good)))
+    real_read = st.dir.read
+
+    def read_then_replaced(key):
+        data = real_read(key)
+        tmp = path.with_suffix(".new")
+        tmp.write_bytes(S.serialize(good, FP, key[1]))
+        os.replace(tmp, path)  # as DirTier.write does: a new inode
+        return data
+
+    st.dir.read = read_then_replaced
+    assert st.lookup(good.tokens.tolist(), [16]) is None
+    [ign] = log.of("snapshot_ignored")
+    assert ign["reason"] == "corrupt" and ign["deleted"] is False and path.exists()
+    assert store(tmp_path).lookup(good.tokens.tolist(), [16]).snapshot.n_tokens == 16
+
+
+class _BytesTier:
+    """A stored tier the store has never heard of, implementing only the Tier protocol."""
+
+    name = "bytes"
+
+    def __init__(self):
+        self.items, self.calls = {}, []
+
+    def existing(self, keys):
+        self.calls.append(("existing", list(keys)))
+        return [k for k in keys if k in self.items]
+
+    def exists(self, key):
+        self.calls.append(("exists", key))
+        return key in self.items
+
+    def read(self, key):
+        self.calls.append(("read", key))
+        return self.items.get(key)
+
+    def write(self, key, data):
+        self.items[key] = bytearray(data)
+
+    def delete(self, key):
+        return self.items.pop(key, None) is not None
+
+
+def test_the_store_drives_any_tier_through_the_tier_protocol():
+    """One lookup asks the tier once which candidates it holds (`existing`) and reads the
+    longest; the writer asks `exists` and writes; a bad one is deleted through `delete`."""
+    log = Log()
+    tier = _BytesTier()
+    st = store(memory_mb=0, log=log)
+    st.slow_tiers = [tier]
+    snap = make_snap(24, logits=True)
+    st.put(key_of(snap), snap)
+    assert st.flush(10) and log.of("snapshot_write")[0]["tier"] == "bytes"
+    tier.calls.clear()
+    toks = snap.tokens.tolist() + [5]
+    hit = st.lookup(toks, [8, 24])
+    assert hit.tier == "bytes" and hit.snapshot.state.max_abs_diff(snap.state) == 0.0
+    assert [c[0] for c in tier.calls] == ["existing", "read"] and tier.calls[1][1] == key_of(snap)
+    tier.items[key_of(snap)] = bytearray(_bad("corrupt", snap, key_of(snap)))
+    assert st.lookup(toks, [24]) is None and key_of(snap) not in tier.items
+    assert log.of("snapshot_ignored")[0]["deleted"] is True
 
 
 def test_missing_between_check_and_read_is_ignored(tmp_path):
@@ -473,7 +560,7 @@ def test_two_processes_writing_the_same_key(kind, tmp_path, moto_server):
         while any(p.poll() is None for p in procs):
             got = tier.read(key_of(snap))
             if got is not None:
-                S.deserialize(got[0], fingerprint=FP, key=key_of(snap), tokens=None, layout=LAYOUT)
+                S.deserialize(got, fingerprint=FP, key=key_of(snap), tokens=None, layout=LAYOUT)
                 reads += 1
     for p in procs:
         out, err = p.communicate(timeout=120)

@@ -247,6 +247,36 @@ def test_model_output_with_xml_tool_call_becomes_tool_calls(rt, capsys, monkeypa
     assert '"tool_calls":[{"index":0' in resp["body"] and '"finish_reason":"tool_calls"' in resp["body"]
 
 
+def test_a_reply_cut_inside_reasoning_is_reasoning_content(rt, capsys, monkeypatch):
+    """Qwen3.5's generation prompt opens `<think>`: a reply cut before its `</think>` (max_tokens
+    or the deadline) is reasoning, not content (issue 17's bug: the function tested the prompt's
+    type, never true for a ChatPrompt, so it came back as content). The tiny model's text is
+    replaced with a cut reasoning; the engine call, the template and the parse are the real path."""
+    real = rt.engine.generate
+    cut = "The user greets the warm Lambda, so I should answer"
+
+    def planted(prompt, **kw):
+        r = real(prompt, **kw)
+        r.text, r.finish_reason = cut, "length"
+        return r
+
+    monkeypatch.setattr(rt.engine, "generate", planted)
+    resp, _ = call(rt, with_body("chat_http_api.json", max_tokens=4), capsys)
+    choice = body_of(resp)["choices"][0]
+    assert choice["finish_reason"] == "length"
+    assert choice["message"]["reasoning_content"] == cut and choice["message"]["content"] == ""
+    resp, _ = call(rt, with_body("stream.json", max_tokens=4), capsys)
+    deltas = [json.loads(b[len("data: "):])["choices"][0]["delta"] for b in resp["body"].split("\n\n")
+              if b.startswith("data: {") and json.loads(b[len("data: "):])["choices"]]
+    assert "".join(d.get("reasoning_content") or "" for d in deltas) == cut
+    assert not "".join(d.get("content") or "" for d in deltas)
+    # thinking off: the template closes the block itself, and the text is the answer
+    resp, _ = call(rt, with_body("chat_http_api.json", max_tokens=4,
+                                 chat_template_kwargs={"enable_thinking": False}), capsys)
+    msg = body_of(resp)["choices"][0]["message"]
+    assert msg["content"] == cut and msg.get("reasoning_content") is None
+
+
 def test_user_input_never_yields_500(rt, capsys):
     bodies = [
         {"messages": [{"role": "user", "content": ""}]},

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from engine.sampling import SamplingParams
 from function import openai_schema as oa
 from function.errors import APIError
 
@@ -32,7 +33,7 @@ def test_defaults_and_sampling_fields():
         (0.0, 0.9, 20, 0.05, 7)
     assert r.stop == ["END"] and r.max_tokens == 5 and not r.stream
     d = chat()
-    assert d.max_tokens is None and d.sampling == oa.Sampling() and d.stop == []
+    assert d.max_tokens is None and d.sampling == SamplingParams() and d.stop == []
 
 
 def test_max_completion_tokens_wins_and_nulls_are_absent():

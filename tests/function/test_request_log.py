@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import time
-from types import SimpleNamespace
 
+import numpy as np
+
+from engine.generate import GenerationResult
+from engine.session import PrefillResult
 from function import request_log
 from function.request_log import STAGES, TOLERANCE_FRAC, TOLERANCE_MS, RequestLog, init_line
 
@@ -14,12 +17,12 @@ def lines(capsys):
     return [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.strip()]
 
 
-def result(**kw):
-    base = dict(prefill_mode="extend", prompt_tokens=421, reused_tokens=380, prefilled_tokens=41, completion_tokens=32,
-                tokenize_ms=0.5, restore_ms=0.0, prefill_ms=310.2, decode_ms=880.5, snapshot_tier=None,
-                snapshot_bytes=0)
-    base.update(kw)
-    return SimpleNamespace(**base)
+def result(deadline_hit: bool = False) -> GenerationResult:
+    """What Engine.generate returns for an extend of 41 tokens and a 32-token reply."""
+    pre = PrefillResult(mode="extend", reused_tokens=380, prefilled_tokens=41, prefill_ms=310.2, restore_ms=0.0,
+                        logits=np.zeros(8, np.float32), checkpoints=[421], checkpoint_bytes=4096)
+    return GenerationResult(text="x" * 32, token_ids=list(range(32)), finish_reason="length", prompt_tokens=421,
+                            max_tokens=64, deadline_hit=deadline_hit, tokenize_ms=0.5, decode_ms=880.5, prefill=pre)
 
 
 def check_emf(line):
@@ -55,6 +58,9 @@ def test_one_line_with_engine_figures_and_emf(capsys):
                 "finish_reason", "status"):
         assert key in line, key
     assert line["event"] == "request" and line["prefill_mode"] == "extend" and line["tokens_out"] == 32
+    assert (line["prompt_tokens"], line["reused_tokens"], line["prefilled_tokens"]) == (421, 380, 41)
+    assert (line["max_tokens"], line["snapshot_tier"], line["snapshot_bytes"]) == (64, None, 4096)  # its captures
+    assert (line["prefill_ms"], line["decode_ms"], line["tokenize_ms"]) == (310.2, 880.5, 0.5)
     assert line["decode_tokens_per_s"] == round(32 / 880.5 * 1000, 2)
     check_emf(line)
     fam = families(line)
@@ -112,8 +118,8 @@ def test_init_line(capsys):
 
 def test_booleans_have_numeric_twins(capsys):
     log = RequestLog("r", cold=True)
-    log.set(route="chat", deadline_hit=True)
-    log.add_generation(result())
+    log.set(route="chat")
+    log.add_generation(result(deadline_hit=True))
     line = log.finish(200)
     assert line["deadline_hit"] is True and line["deadline_hit_n"] == 1 and line["cold_start"] == 1
     line = RequestLog("r2", cold=False).finish(200)
