@@ -286,9 +286,3 @@ class CompletionStream:
                            "system_fingerprint": None, "choices": [], "usage": usage})
         self.out.send("[DONE]")
         return finish_reason
-
-
-def error_event(body: dict) -> dict:
-    """An error after the stream started (its status can no longer change): OpenAI's clients raise
-    on a ``data:`` line holding ``{"error": ...}``."""
-    return body
