@@ -370,3 +370,14 @@ def test_client_gone_mid_stream_stops_the_generation(rt, capsys, monkeypatch):
     lines = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith('{"event":"request"')]
     assert len(lines) == 1 and lines[0]["error_code"] == "stream_closed"
     assert rt.handle(event("chat_http_api.json", max_tokens=2), None)["statusCode"] == 200   # still serving
+
+
+def test_rest_stream_prelude_is_byte_exact(rt, capsys):
+    api = drive(rt, [("rid-rest-s", event("chat_rest_api.json", stream=True, max_tokens=3))])
+    post = api.posts["rid-rest-s"]
+    assert post["chunks"][0][1] == (
+        b'{"statusCode":200,"headers":{"content-type":"text/event-stream; charset=utf-8",'
+        b'"cache-control":"no-cache","x-request-id":"rid-rest-s"},"cookies":[]}' + b"\x00" * 8)
+    _, payload = split_prelude(post["body"])
+    assert sse_events(payload)[-1] == "data: [DONE]"
+    capsys.readouterr()
