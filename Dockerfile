@@ -1,5 +1,5 @@
 # syntax=docker/dockerfile:1.7
-# warmllm — the Lambda container image (primary deployment). Python 3.12, awslambdaric entry point,
+# warmllm — the Lambda container image (primary deployment). Python 3.12, our response-streaming Runtime API loop as the entry point,
 # numba kernels compiled at build time for a CPU every Lambda of that architecture has.
 #
 #   sam build && sam deploy --guided                      (builds this for template.yaml's Architecture)
@@ -65,5 +65,8 @@ RUN set -eux; \
     python -m compileall -q /var/task/engine /var/task/function; \
     chmod -R a+rX /var/task /opt/numba-cache /opt/model
 
-ENTRYPOINT ["python", "-m", "awslambdaric"]
+# Our own Runtime API loop (function/stream_runtime.py): awslambdaric cannot stream a response, and
+# the Function URL and REST API stream. It calls function.app.handler / stream_handler; CMD names
+# the buffered handler for tools that read it.
+ENTRYPOINT ["python", "-m", "function.stream_runtime"]
 CMD ["function.app.handler"]

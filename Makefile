@@ -120,7 +120,7 @@ image-model:
 # Called by `sam build -t template-zip.yaml` (ARTIFACTS_DIR is sam's output directory for each).
 build-WarmLlmFunction:
 	mkdir -p "$(ARTIFACTS_DIR)"
-	tar -c --exclude=__pycache__ --exclude='*.pyc' engine function | tar -x -C "$(ARTIFACTS_DIR)"
+	tar -c --exclude=__pycache__ --exclude='*.pyc' engine function bootstrap | tar -x -C "$(ARTIFACTS_DIR)"
 
 # LAYER_ARCH=host builds this machine's equivalent (the test that runs the handler from the artifact).
 LAYER_ARCH ?= arm64

@@ -42,6 +42,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import json
+import os
 import re
 import threading
 import time
@@ -57,7 +58,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
 from engine.settings import DEFAULT_TEMPLATE_MAX_CHARS, DEFAULT_TEMPLATE_TIME_S
 
-__all__ = ["ChatPrompt", "ChatTemplate", "TemplateError", "TemplateLimitError", "literal_spans",
+__all__ = ["ChatPrompt", "ChatTemplate", "TemplateError", "TemplateLimitError", "boundary_offsets", "literal_spans",
            "normalise_messages", "user_texts"]
 
 # TEMPLATE_MAX_CHARS / TEMPLATE_TIME_S (engine/settings.py): 4x the largest prompt the function
@@ -419,6 +420,56 @@ def through_role_header(text: str, offset: int) -> int:
         if end != -1:
             return end + 1
     return offset
+
+
+def boundary_offsets(render: Callable[..., str], messages: list[dict], tools: list[dict] | None, text: str,
+                     kw: Mapping[str, Any]) -> list[int]:
+    """Character offsets in `text` (the rendered prompt) worth a checkpoint: where the system +
+    tools block and each turn up to the end of the last user message end, each carried through
+    the role header of the turn that follows (ChatML's ``<|im_start|>user\n``: every conversation
+    that shares the prefix shares that header too). The end of the last user message is included:
+    the next turn shares it however the reply is rendered (a client that drops reasoning_content
+    changes the reply's text, not what precedes it or the ``<|im_start|>assistant\n`` that opens it).
+
+    Linear in the number of messages: the turns are read off `text` itself (every ChatML turn
+    starts with ``<|im_start|>``), and only one more render finds the end of the last user
+    message (rendering every prefix was quadratic: 2,000 messages took 32 s). `render` is
+    ``Engine.render_chat``'s signature: (messages, tools=, add_generation_prompt=, **kw)."""
+    last_user = max((i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"),
+                    default=-1)
+    offsets: set[int] = set()
+    if last_user >= 0:
+        try:
+            part = render(messages[:last_user + 1], tools=tools, add_generation_prompt=False, **kw)
+        except TemplateLimitError:
+            raise                   # out of budget: the request fails, not just this boundary
+        except ValueError:
+            part = ""
+        # a template that renders that prefix differently from the same messages in the whole
+        # conversation shares only the common part: turns inside it are still boundaries of `text`
+        end = len(part) if part and text.startswith(part) else len(os.path.commonprefix([part, text]))
+        pos = text.find(TURN_START, 1)
+        while 0 < pos < end:
+            offsets.add(pos)
+            pos = text.find(TURN_START, pos + 1)
+        if part and end == len(part):
+            offsets.add(end)
+    if tools and messages and isinstance(messages[0], dict) and messages[0].get("role") != "system":
+        # Tools without a system message: the template writes a system block of its own.
+        # It ends where renders with two different first messages stop agreeing, cut back
+        # to the turn start (ChatML, as every Qwen template).
+        try:
+            a = render([{"role": "user", "content": "a"}], tools=tools, add_generation_prompt=False, **kw)
+            b = render([{"role": "user", "content": "b"}], tools=tools, add_generation_prompt=False, **kw)
+            same = len(os.path.commonprefix([a, b]))
+            cut = a.rfind(TURN_START, 0, same)
+            if cut > 0 and text.startswith(a[:cut]):
+                offsets.add(cut)
+        except TemplateLimitError:
+            raise
+        except ValueError:
+            pass
+    return sorted({through_role_header(text, o) for o in offsets})
 
 
 class ChatTemplate:

@@ -6,7 +6,6 @@ template and one warm Session.
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -15,11 +14,11 @@ from pathlib import Path
 import numpy as np
 
 from engine import threads as threads_mod
-from engine.chat_template import (TURN_START, ChatPrompt, ChatTemplate, TemplateError, TemplateLimitError,
-                                   literal_spans, opens_reasoning, through_role_header, user_texts)
+from engine.chat_template import (ChatPrompt, ChatTemplate, TemplateError, boundary_offsets, literal_spans,
+                                   opens_reasoning, user_texts)
 from engine.constraints import Constraint, GrammarSpec, compile_grammar
 from engine.decoding import TokenLogprob, TokenPicker
-from engine.errors import ContextOverflow, ModelLoadError
+from engine.errors import ContextOverflow, ModelLoadError, PrefillDeadline
 from engine.gguf_file import GGUFFile
 from engine.jsonlog import LogFn, log_event
 from engine.quant import paths
@@ -44,7 +43,7 @@ class GenerationResult:
     finish_reason: str  # "stop" | "length"
     prompt_tokens: int
     max_tokens: int  # the limit applied: the one asked for, or the rest of the context
-    deadline_hit: bool  # decoding stopped at the deadline, before max_tokens
+    deadline_hit: bool  # the deadline stopped the prefill (no tokens then) or the decoding, before max_tokens
     tokenize_ms: float
     decode_ms: float
     prefill: PrefillResult
@@ -186,42 +185,8 @@ class Engine:
 
     def _boundary_offsets(self, messages: list[dict], tools: list[dict] | None, text: str,
                           kw: dict) -> list[int]:
-        """Character offsets in `text` where the system + tools block and each message up to the
-        last user message end (each rendered prefix must be a prefix of `text`), each carried
-        through the role header of the turn that follows (ChatML's ``<|im_start|>user\n``): every
-        conversation that shares the prefix shares that header too, so a new conversation with the
-        same system + tools resumes after it (3 fewer tokens to prefill of a ~30-token first turn).
-        The end of the last user message is included: the next turn shares it however the reply
-        is rendered (a client that drops reasoning_content changes the reply's text, not what
-        precedes it or the ``<|im_start|>assistant\n`` that opens it)."""
-        last_user = max((i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"),
-                        default=-1)
-        offsets: set[int] = set()
-        for k in range(1, last_user + 2):
-            try:
-                part = self.render_chat(messages[:k], tools=tools, add_generation_prompt=False, **kw)
-            except TemplateLimitError:
-                raise                   # out of budget: the request fails, not just this boundary
-            except ValueError:
-                continue
-            if part and text.startswith(part):
-                offsets.add(len(part))
-        if tools and messages and isinstance(messages[0], dict) and messages[0].get("role") != "system":
-            # Tools without a system message: the template writes a system block of its own.
-            # It ends where renders with two different first messages stop agreeing, cut back
-            # to the turn start (ChatML, as every Qwen template).
-            try:
-                a = self.render_chat([{"role": "user", "content": "a"}], tools=tools, add_generation_prompt=False, **kw)
-                b = self.render_chat([{"role": "user", "content": "b"}], tools=tools, add_generation_prompt=False, **kw)
-                same = len(os.path.commonprefix([a, b]))
-                cut = a.rfind(TURN_START, 0, same)
-                if cut > 0 and text.startswith(a[:cut]):
-                    offsets.add(cut)
-            except TemplateLimitError:
-                raise
-            except ValueError:
-                pass
-        return sorted({through_role_header(text, o) for o in offsets})
+        """Checkpoint offsets in `text` (engine.chat_template.boundary_offsets: linear in messages)."""
+        return boundary_offsets(self.render_chat, messages, tools, text, kw)
 
     def _offsets_to_positions(self, ids: list[int], offsets: list[int]) -> list[int]:
         """Token positions whose decoded text ends exactly at one of the character offsets
@@ -277,14 +242,18 @@ class Engine:
                  sampling: SamplingParams | None = None,
                  stop: Sequence[str] = (), deadline: float | None = None,
                  on_text: Callable[[str], None] | None = None,
-                 grammar: GrammarSpec | None = None, logprobs: int | None = None) -> GenerationResult:
+                 grammar: GrammarSpec | None = None, logprobs: int | None = None,
+                 admit: Callable[[int], None] | None = None) -> GenerationResult:
         """Prefill `prompt` (reusing the warm session and snapshots) and decode until an
         end-of-generation token, a `stop` string, `max_tokens`, or the `deadline` (a
         `time.monotonic()` value). `max_tokens=None` fills the rest of the context.
         ContextOverflow: the prompt plus `max_tokens` (None: one token) do not fit.
         `grammar`: constrain the reply (engine/constraints.py; it starts after ``</think>`` when
         the chat prompt left reasoning open); a GrammarError if llguidance rejects it.
-        `logprobs`: None, or how many alternatives per token to report (0..20)."""
+        `logprobs`: None, or how many alternatives per token to report (0..20).
+        The deadline bounds the prefill too (checked between its chunks: past it the result has
+        no tokens, finish_reason "length" and deadline_hit). `admit(n)` sees the number of tokens
+        left to prefill before any prefill work and may raise to refuse (function/admission.py)."""
         t0 = time.perf_counter()
         ids, boundaries = self.encode_prompt(prompt)
         tokenize_ms = (time.perf_counter() - t0) * 1e3
@@ -310,10 +279,17 @@ class Engine:
 
         # Background snapshot writes wait until the first token is out: the prefill and the
         # first sample must not share the CPU with serialising and uploading a snapshot.
-        with self.snapshots.writes_held():
-            pre = self.session.prefill(ids, boundaries)
-            t1 = time.perf_counter()
-            tok = pick(pre.logits)
+        try:
+            with self.snapshots.writes_held():
+                pre = self.session.prefill(ids, boundaries, deadline=deadline, admit=admit)
+                t1 = time.perf_counter()
+                tok = pick(pre.logits)
+        except PrefillDeadline as cut:
+            assert isinstance(cut.result, PrefillResult)
+            pick.close()
+            return GenerationResult(text="", token_ids=[], finish_reason="length", prompt_tokens=len(ids),
+                                    max_tokens=limit, deadline_hit=True, tokenize_ms=tokenize_ms, decode_ms=0.0,
+                                    prefill=cut.result)
         decoder = self.tokenizer.incremental_decoder()
         eog = self.tokenizer.eog_ids
         out: list[int] = []

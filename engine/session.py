@@ -16,12 +16,13 @@ piece: a 538-token agent prompt with checkpoints at 256, 504, 512 and 533 took 9
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from engine.errors import PrefillDeadline
 from engine.settings import DEFAULT_PREFILL_CHUNK
 from engine.models.qwen35 import Qwen35
 from engine.snapshots import Restored, Snapshot, SnapshotStore, prefix_hashes
@@ -35,7 +36,7 @@ class PrefillResult:
     mode: str  # "batched" | "extend" | "cached" | "snapshot_memory" | "snapshot_efs" | "snapshot_s3"
     reused_tokens: int
     prefilled_tokens: int
-    prefill_ms: float  # the whole call, restore included
+    prefill_ms: float  # the call less restore_ms: each stage counted once
     restore_ms: float
     logits: np.ndarray
     snapshot_tier: str | None = None  # tier the state was restored from
@@ -93,21 +94,27 @@ class Session:
         self.state = self.model.new_state()
         self.last_logits = None
 
-    def prefill(self, prompt: Sequence[int], boundaries: Sequence[int] = ()) -> PrefillResult:
+    def prefill(self, prompt: Sequence[int], boundaries: Sequence[int] = (), *, deadline: float | None = None,
+                admit: Callable[[int], None] | None = None) -> PrefillResult:
         """Make the state hold `prompt`, reusing whatever is held or stored.
 
         `boundaries`: token positions worth a checkpoint (chat-message ends). The store's
         background writes wait while this runs; a caller that needs them to wait longer (the
         engine, until the first token is out) opens `store.writes_held()` around it.
+        `admit(n)` is called with the number of tokens left to prefill once reuse and restores
+        are decided, before any prefill work (it may raise to refuse); `deadline`
+        (time.monotonic()) is checked before each chunk: past it, PrefillDeadline is raised with
+        the tokens done so far kept.
         """
         prompt = [int(t) for t in prompt]
         if not prompt:
             raise ValueError("prompt has no tokens")
         t0 = time.perf_counter()
         with self.store.writes_held() if self.store is not None else nullcontext():
-            return self._prefill(prompt, boundaries, t0)
+            return self._prefill(prompt, boundaries, t0, deadline, admit)
 
-    def _prefill(self, prompt: list[int], boundaries: Sequence[int], t0: float) -> PrefillResult:
+    def _prefill(self, prompt: list[int], boundaries: Sequence[int], t0: float, deadline: float | None = None,
+                 admit: Callable[[int], None] | None = None) -> PrefillResult:
         n = len(prompt)
         held = len(self.tokens)
         if self.last_logits is not None and self.tokens == prompt:
@@ -134,12 +141,19 @@ class Session:
             self.reset()
         if start == n:
             assert self.last_logits is not None
-            return PrefillResult(mode, n, 0, (time.perf_counter() - t0) * 1e3, restore_ms, self.last_logits,
-                                 tier, snap_bytes)
+            return PrefillResult(mode, n, 0, (time.perf_counter() - t0) * 1e3 - restore_ms, restore_ms,
+                                 self.last_logits, tier, snap_bytes)
+        if admit is not None:
+            admit(n - start)
         cps = checkpoint_positions(n, start, boundaries, self.every) if self.store is not None else []
-        logits, cp_bytes, cp_ms = self._run(prompt, start, cps)
-        return PrefillResult(mode, start, n - start, (time.perf_counter() - t0) * 1e3, restore_ms, logits,
-                             tier, snap_bytes, cps, cp_bytes, cp_ms)
+        try:
+            logits, cp_bytes, cp_ms = self._run(prompt, start, cps, deadline)
+        except PrefillDeadline as cut:
+            cut.result = PrefillResult(mode, start, cut.done_tokens, (time.perf_counter() - t0) * 1e3 - restore_ms,
+                                       restore_ms, np.empty(0, dtype=np.float32), tier, snap_bytes)
+            raise
+        return PrefillResult(mode, start, n - start, (time.perf_counter() - t0) * 1e3 - restore_ms, restore_ms,
+                             logits, tier, snap_bytes, cps, cp_bytes, cp_ms)
 
     def _from_snapshot(self, hit: Restored, prompt: list[int], boundaries: Sequence[int],
                        t0: float) -> PrefillResult:
@@ -177,9 +191,11 @@ class Session:
         self.last_logits = logits
         return logits
 
-    def _run(self, prompt: list[int], start: int, checkpoints: Sequence[int]) -> tuple[np.ndarray, int, float]:
+    def _run(self, prompt: list[int], start: int, checkpoints: Sequence[int],
+             deadline: float | None = None) -> tuple[np.ndarray, int, float]:
         """Batched forward over prompt[start:] in pieces of `prefill_chunk`, capturing the state
-        at the checkpoints the store does not hold yet from within each piece."""
+        at the checkpoints the store does not hold yet from within each piece. Past `deadline`
+        (checked before each piece) it stops between pieces: the state is whole there."""
         arr = np.asarray(prompt, dtype=np.int64)
         end = arr.size
         cps = sorted(p for p in checkpoints if start < p <= end)
@@ -188,8 +204,12 @@ class Session:
         logits = None
         cp_bytes, cp_ms = 0, 0.0
         pos = start
+        cut = False
         try:
             while pos < end:
+                if deadline is not None and time.monotonic() >= deadline:
+                    cut = True
+                    break
                 nxt = min(pos + self.prefill_chunk, end)
                 wanted = [p for p in cps if pos < p <= nxt and store is not None
                           and not store.has((p, hashes[p]), need_logits=p == end)]
@@ -208,6 +228,9 @@ class Session:
         except BaseException:
             self.reset()  # a half-advanced state must never be reused
             raise
+        if cut:
+            self.last_logits = None  # the state holds prompt[:pos], whole, but no logits for it
+            raise PrefillDeadline(pos - start, end - pos)
         assert logits is not None
         self.last_logits = logits
         return logits, cp_bytes, cp_ms

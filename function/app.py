@@ -22,3 +22,8 @@ RUNTIME.start_init()
 
 def handler(event, context):
     return RUNTIME.handle(event, context)
+
+
+def stream_handler(event, context, stream) -> None:
+    """function/stream_runtime.py's entry for invocations through a streaming integration."""
+    RUNTIME.handle_stream(event, context, stream)

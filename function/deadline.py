@@ -24,6 +24,10 @@ class Deadline:
     at: float                 # time.monotonic() value
     source: str               # "api" | "lambda"
 
+    def remaining_s(self, now: float | None = None) -> float:
+        """Seconds left (admission sets the prefill it would need against them)."""
+        return self.at - (time.monotonic() if now is None else now)
+
 
 def compute(context, received_epoch_ms: int | None, handler_start_mono: float, *,
             api_deadline_s: float = DEFAULT_API_DEADLINE_S, margin_s: float = DEFAULT_MARGIN_S,

@@ -555,59 +555,5 @@ def model_list(model_id: str, created: int) -> dict:
                                         "owned_by": "warmllm"}]}
 
 
-def chat_chunks(rid: str, created: int, model: str, *, content_pieces: list[str], reasoning: str | None,
-                tool_calls: list[dict] | None, finish_reason: str, use: dict | None,
-                logprobs: dict | None = None) -> list[dict]:
-    """The chunks a streaming chat completion sends, in order (the SSE body is made by ``sse``).
-    ``logprobs`` (every token's) rides on the finishing chunk."""
-    def chunk(delta: dict, finish=None) -> dict:
-        c = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-             "system_fingerprint": None,
-             "choices": [{"index": 0, "delta": delta, "logprobs": logprobs if finish else None,
-                          "finish_reason": finish}]}
-        if use is not None:
-            c["usage"] = None
-        return c
-    out = [chunk({"role": "assistant", "content": ""})]
-    if reasoning:
-        out.append(chunk({"reasoning_content": reasoning}))
-    for piece in content_pieces:
-        if piece:
-            out.append(chunk({"content": piece}))
-    for i, tc in enumerate(tool_calls or []):
-        out.append(chunk({"tool_calls": [{"index": i, "id": tc["id"], "type": "function",
-                                          "function": {"name": tc["function"]["name"],
-                                                       "arguments": tc["function"]["arguments"]}}]}))
-    out.append(chunk({}, finish_reason))
-    if use is not None:
-        out.append({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-                    "system_fingerprint": None, "choices": [], "usage": use})
-    return out
-
-
-def completion_chunks(rid: str, created: int, model: str, *, pieces: list[str], finish_reason: str,
-                      use: dict | None, logprobs: dict | None = None) -> list[dict]:
-    def chunk(text: str, finish=None) -> dict:
-        c = {"id": rid, "object": "text_completion", "created": created, "model": model,
-             "system_fingerprint": None,
-             "choices": [{"index": 0, "text": text, "logprobs": logprobs if finish else None,
-                          "finish_reason": finish}]}
-        if use is not None:
-            c["usage"] = None
-        return c
-    out = [chunk(p) for p in pieces if p]
-    out.append(chunk("", finish_reason))
-    if use is not None:
-        out.append({"id": rid, "object": "text_completion", "created": created, "model": model,
-                    "system_fingerprint": None, "choices": [], "usage": use})
-    return out
-
-
-def sse(chunks: list[dict]) -> str:
-    lines = [f"data: {json.dumps(c, ensure_ascii=False, separators=(',', ':'))}\n\n" for c in chunks]
-    lines.append("data: [DONE]\n\n")
-    return "".join(lines)
-
-
 def now() -> int:
     return int(time.time())

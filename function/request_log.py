@@ -48,7 +48,7 @@ REQUEST_TIMINGS = Family("request_timings", {
     "total_ms": "Milliseconds", "load_ms": "Milliseconds", "restore_ms": "Milliseconds",
     "prefill_ms": "Milliseconds", "decode_ms": "Milliseconds", "prompt_tokens": "Count",
     "prefilled_tokens": "Count", "reused_tokens": "Count", "tokens_out": "Count",
-    "decode_tokens_per_s": "Count/Second", "prefill_tokens_per_s": "Count/Second",
+    "decode_tokens_per_s": "Count/Second", "prefill_tokens_per_s": "Count/Second", "ttft_ms": "Milliseconds",
 }, ("service", "route", "prefill_mode"))
 INIT = Family("init", {"init_ms": "Milliseconds", "download_ms": "Milliseconds", "load_ms": "Milliseconds",
                        "compile_ms": "Milliseconds", "cold_starts": "Count", "init_failures": "Count"},
@@ -75,6 +75,7 @@ class RequestLog:
             **{s: 0.0 for s in STAGES},
             "tokens_out": 0, "max_tokens": None, "finish_reason": None, "deadline_hit": False, "deadline_hit_n": 0,
             "snapshot_tier": None, "snapshot_bytes": 0, "status": None, "error_code": None,
+            "ttft_ms": None,
         }
 
     def set(self, **kw) -> None:
@@ -90,6 +91,12 @@ class RequestLog:
         finally:
             self.fields[name] += (self._clock() - t) * 1000.0
             self.current_stage = None
+
+    def mark_ttft(self) -> None:
+        """Time to first token: handler entry to the first piece of generated text (not a stage:
+        it overlaps them; on a stream it is when the first content chunk went out)."""
+        if self.fields["ttft_ms"] is None:
+            self.fields["ttft_ms"] = (self._clock() - self._t0) * 1000.0
 
     def add_ms(self, name: str, ms: float) -> None:
         assert name in STAGES, name

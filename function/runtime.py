@@ -22,9 +22,11 @@ from typing import TYPE_CHECKING
 
 from engine.jsonlog import emit
 
+from . import admission
 from . import deadline as deadline_mod
 from . import events
 from . import openai_schema as oa
+from . import streaming as sse_mod
 from .errors import APIError, bad_request, context_overflow, internal, method_not_allowed, model_unavailable, \
     not_found, unauthorized
 from .request_log import RequestLog, init_line
@@ -36,6 +38,8 @@ from .watchdog import Watchdog
 if TYPE_CHECKING:  # loaded in the init thread, never at import (cold start)
     from engine.chat_template import ChatPrompt
     from engine.generate import Engine
+
+STREAMED = object()    # _generate's body when the answer already went out through the stream
 
 ROUTES = {
     "/v1/chat/completions": ("POST", "chat"),
@@ -107,6 +111,7 @@ class Runtime:
         self.started_wall = time.time()
         self.api_key = self.settings.api_key
         self.retry_s = self.settings.model_retry_s
+        self.prefill_rate = admission.PrefillRate()   # measured here, for refusing what cannot fit
 
     @classmethod
     def from_env(cls, environ, s3_client=None) -> Runtime:
@@ -195,18 +200,29 @@ class Runtime:
 
     # ------------------------------------------------------------------ requests
 
-    def handle(self, event, context=None):
+    def handle(self, event, context=None, stream: sse_mod.HttpStream | None = None):
+        """The response for `event`; with `stream` (a streaming integration) a ``stream: true``
+        generation goes out through it as it decodes and None is returned."""
         t_mono = time.monotonic()
         rid = getattr(context, "aws_request_id", None) or f"local-{uuid.uuid4().hex[:12]}"
         watchdogs: list[Watchdog | None] = []     # filled once the request's log exists
         try:
-            return self._handle(event, context, t_mono, rid, watchdogs)
+            return self._handle(event, context, t_mono, rid, watchdogs, stream)
         finally:
             for w in watchdogs:
                 if w is not None:
                     w.cancel()
 
-    def _handle(self, event, context, t_mono: float, rid: str, watchdogs: list):
+    def handle_stream(self, event, context, stream: sse_mod.HttpStream) -> None:
+        """An invocation through a streaming integration (Function URL in RESPONSE_STREAM mode, the
+        REST API's STREAM integration; function/stream_runtime.py): SSE generations stream token by
+        token, every other answer (JSON, errors, health) is written through `stream` whole."""
+        resp = self.handle(event, context, stream=stream)
+        if resp is not None:
+            write_whole(stream, resp)
+
+    def _handle(self, event, context, t_mono: float, rid: str, watchdogs: list,
+                stream: sse_mod.HttpStream | None = None):
         # a line before Lambda's timeout kills us mid-request (function/watchdog.py); its thread
         # starts before the request's clock so its cost is in no stage and not in total_ms
         watchdog = Watchdog.start(context, None, self.settings.watchdog_margin_s)
@@ -220,6 +236,7 @@ class Runtime:
         kind = events.kind_of(event)
         log.set(kind=kind)
         headers = {"x-request-id": rid}
+        writer: sse_mod.SSEWriter | None = None
         try:
             with log.stage("parse_ms"):
                 req = events.normalise(event)
@@ -238,7 +255,9 @@ class Runtime:
                     greq = oa.parse_completion(req.json_body(self.settings.limits), self.settings.limits)
                 if greq is not None:
                     log.set(stream=greq.stream, max_tokens=greq.max_tokens)
-            dl = deadline_mod.compute(context, req.received_epoch_ms, t_mono, api_deadline_s=self.settings.api_deadline_s,
+            # a streaming integration has no 29-30 s cut: its own (longer) deadline applies
+            api_s = self.settings.stream_deadline_s if stream is not None else self.settings.api_deadline_s
+            dl = deadline_mod.compute(context, req.received_epoch_ms, t_mono, api_deadline_s=api_s,
                                       margin_s=self.settings.deadline_margin_s)
             if route == "health":
                 status, body = self._health(dl, log, cold, detailed=authorized)
@@ -255,16 +274,45 @@ class Runtime:
                 return self._finish(log, kind, 200, oa.model_list(eng.model_id, int(self.started_wall))["data"][0],
                                     headers)
             assert greq is not None  # the generation routes parsed their body above
-            with self._gen_lock:
-                status, body, ctype = self._generate(eng, greq, log, dl)
+            if stream is not None and greq.stream:
+                writer = sse_mod.SSEWriter(stream, headers, keepalive_s=self.settings.stream_keepalive_s)
+            try:
+                with self._gen_lock:
+                    status, body, ctype = self._generate(eng, greq, log, dl, writer)
+            finally:
+                if writer is not None:
+                    writer.close()
+            if body is STREAMED:
+                log.finish(status)      # the request line, once, when the stream has ended
+                return None
             headers["x-warmllm-prefill-mode"] = str(log.fields["prefill_mode"])
             return self._finish(log, kind, status, body, headers, content_type=ctype)
+        except sse_mod.StreamClosed as gone:   # the client or the Runtime API went away mid-stream
+            emit({"event": "stream_closed", "request_id": rid, "error": str(gone)})
+            log.finish(200, "stream_closed")
+            return None
         except APIError as err:
+            if writer is not None and writer.started:   # the status went out already: say it in the stream
+                try:
+                    writer.send(err.body())
+                    writer.send("[DONE]")
+                except sse_mod.StreamClosed:
+                    pass
+                log.finish(200, err.code)
+                return None
             return self._finish(log, kind, err.status, err.body(), headers, error_code=err.code)
         except Exception as exc:        # a bug in warmllm: never user input
             emit({"event": "error", "request_id": rid, "error": f"{type(exc).__name__}: {exc}",
                   "traceback": traceback.format_exc(limit=12)})
             bug = internal(rid, exc)
+            if writer is not None and writer.started and stream is not None:
+                try:
+                    writer.send(bug.body())
+                    stream.end("Function.InternalError", bug.body()["error"])   # the documented error trailers
+                except (sse_mod.StreamClosed, OSError):
+                    pass
+                log.finish(200, bug.code)
+                return None
             return self._finish(log, kind, bug.status, bug.body(), headers, error_code=bug.code)
 
     def _finish(self, log: RequestLog, kind: str, status: int, body, headers, *, content_type="application/json",
@@ -307,7 +355,8 @@ class Runtime:
 
     # ------------------------------------------------------------------ generation
 
-    def _generate(self, eng: Engine, greq: oa.GenRequest, log: RequestLog, dl: deadline_mod.Deadline):
+    def _generate(self, eng: Engine, greq: oa.GenRequest, log: RequestLog, dl: deadline_mod.Deadline,
+                  writer: sse_mod.SSEWriter | None = None):
         from engine.chat_template import TemplateLimitError
         from engine.constraints import GrammarError
         from engine.errors import ContextOverflow
@@ -353,10 +402,36 @@ class Runtime:
         if grammar is not None:
             log.set(grammar=grammar.kind)
         pieces: list[str] = []
+        rid = oa.new_id("chatcmpl" if chat else "cmpl")
+        created = oa.now()
+
+        def streamer(out: sse_mod.Sink) -> sse_mod.ChatStream | sse_mod.CompletionStream:
+            if chat:
+                return sse_mod.ChatStream(out, rid, created, eng.model_id, opens_think=opens_reasoning,
+                                          tools=greq.tools if greq.parse_tool_calls else None,
+                                          include_usage=greq.include_usage)
+            return sse_mod.CompletionStream(out, rid, created, eng.model_id, include_usage=greq.include_usage)
+
+        live = streamer(writer) if writer is not None else None
+
+        def on_text(piece: str) -> None:
+            if not pieces:
+                log.mark_ttft()
+            pieces.append(piece)
+            if live is not None:
+                live.feed(piece)        # out on the wire now, while the next token decodes
+
+        def admit(tokens: int) -> None:
+            # before any prefill work: refuse what the measured rate cannot finish in time
+            admission.check(self.prefill_rate, tokens, dl.remaining_s(), param)
+            if writer is not None and live is not None:
+                writer.begin()          # first bytes now; keep-alive comments while the prefill runs
+                live.open()
+
         t = time.perf_counter()
         try:
             result = eng.generate(prompt, max_tokens=max_tokens, sampling=greq.sampling, stop=list(greq.stop),
-                                  deadline=dl.at, on_text=pieces.append, grammar=grammar,
+                                  deadline=dl.at, on_text=on_text, admit=admit, grammar=grammar,
                                   logprobs=greq.top_logprobs if greq.logprobs else None)
         except ValueError as exc:
             # a refused call has tokenized the prompt and checked its length: that time is tokenize_ms
@@ -370,15 +445,28 @@ class Runtime:
             emit({"event": "engine_rejected_input", "error": str(exc), "traceback": traceback.format_exc(limit=6)})
             raise bad_request(f"the engine rejected the input: {exc}", param, "invalid_input") from None
         log.add_generation(result)
+        self.prefill_rate.observe(result.prefill.prefilled_tokens, result.prefill.prefill_ms)
 
         with log.stage("respond_ms"):
-            rid = oa.new_id("chatcmpl" if chat else "cmpl")
-            created = oa.now()
             use = oa.usage(result.prompt_tokens, result.completion_tokens, result.prefill.reused_tokens)
             lps = logprob_entries(eng.tokenizer, result.logprobs) if result.logprobs is not None else None
             if result.grammar_error:
                 emit({"event": "grammar_error", "request_id": log.fields.get("request_id"),
                       "error": result.grammar_error})
+            if greq.stream:
+                # one code path: the live stream has sent its pieces already; a buffering
+                # integration gets the same chunks fed from the pieces, in one body
+                out = sse_mod.Collector()
+                s = live if live is not None else streamer(out)
+                if live is None:
+                    for piece in (pieces if "".join(pieces) == result.text else [result.text]):
+                        s.feed(piece)
+                lp = (oa.chat_logprobs(lps) if chat else oa.completion_logprobs(lps)) if lps is not None else None
+                finish = s.finish(result.finish_reason, text=result.text, usage=use, logprobs=lp)
+                log.set(finish_reason=finish)
+                if live is not None:
+                    return 200, STREAMED, sse_mod.SSE_CONTENT_TYPE
+                return 200, out.body(), sse_mod.SSE_CONTENT_TYPE
             if chat:
                 chat_lp = oa.chat_logprobs(lps) if lps is not None else None
                 # a reply the template began inside <think> is reasoning until it closes it,
@@ -387,24 +475,11 @@ class Runtime:
                                       prompt_opens_think=opens_reasoning)
                 finish = "tool_calls" if parsed.tool_calls else result.finish_reason
                 log.set(finish_reason=finish)
-                if greq.stream:
-                    content_pieces = pieces if "".join(pieces) == parsed.content else [parsed.content]
-                    chunks = oa.chat_chunks(rid, created, eng.model_id, content_pieces=content_pieces,
-                                            reasoning=parsed.reasoning, tool_calls=parsed.tool_calls,
-                                            finish_reason=finish, use=use if greq.include_usage else None,
-                                            logprobs=chat_lp)
-                    return 200, oa.sse(chunks), "text/event-stream; charset=utf-8"
                 msg = oa.chat_message(parsed.content, parsed.reasoning, parsed.tool_calls)
                 return 200, oa.chat_completion(rid, created, eng.model_id, msg, finish, use, chat_lp), \
                     "application/json"
             log.set(finish_reason=result.finish_reason)
             text_lp = oa.completion_logprobs(lps) if lps is not None else None
-            if greq.stream:
-                pcs = pieces if "".join(pieces) == result.text else [result.text]
-                chunks = oa.completion_chunks(rid, created, eng.model_id, pieces=pcs,
-                                              finish_reason=result.finish_reason,
-                                              use=use if greq.include_usage else None, logprobs=text_lp)
-                return 200, oa.sse(chunks), "text/event-stream; charset=utf-8"
             return 200, oa.text_completion(rid, created, eng.model_id, result.text, result.finish_reason,
                                            use, text_lp), "application/json"
 
@@ -418,3 +493,18 @@ class Runtime:
                 raise bad_request(f"'chat_template_kwargs.{reserved}' cannot be set there; it is a request field",
                                   f"chat_template_kwargs.{reserved}")
         return kw
+
+
+def write_whole(stream: sse_mod.HttpStream, resp) -> None:
+    """A buffered handler response (API Gateway proxy shape, or a direct invoke's object) written
+    through a streaming integration: status and headers in the prelude, the body in one chunk."""
+    import base64
+    import json
+    if isinstance(resp, dict) and "statusCode" in resp:
+        status, headers, body = int(resp["statusCode"]), dict(resp.get("headers") or {}), resp.get("body") or ""
+        data = base64.b64decode(body) if resp.get("isBase64Encoded") else str(body).encode("utf-8")
+    else:
+        status, headers = 200, {"content-type": "application/json"}
+        data = json.dumps(resp, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    stream.start(status, headers)
+    stream.write(data)

@@ -1,5 +1,8 @@
 """``make serve``: a local HTTP server on 127.0.0.1 that turns each request into an API Gateway
-HTTP API (payload 2.0) event, calls ``function.app.handler`` and writes its response back.
+HTTP API (payload 2.0) event and answers it the way a streaming integration (Function URL, REST
+API) does: ``function.app.stream_handler`` writes the response through a chunked HTTP/1.1 body,
+so ``stream: true`` sends each SSE chunk as its tokens decode (the same code path as the Lambda
+runtime loop, function/stream_runtime.py). HEAD requests use the buffered ``handler``.
 
 Point any OpenAI client at ``http://127.0.0.1:PORT/v1``. One request is handled at a time, as
 one Lambda execution environment does. ``--port 0`` picks a free port; the chosen address is
@@ -14,7 +17,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qsl, urlsplit
 
@@ -55,10 +58,43 @@ def http_api_event(method: str, target: str, headers: dict[str, str], body: byte
     return event
 
 
+class ChunkedResponse:
+    """function.streaming.HttpStream over this connection: chunked transfer encoding, each write
+    flushed at once (what a streaming Lambda integration does for the client)."""
+
+    def __init__(self, handler: BaseHTTPRequestHandler) -> None:
+        self.h = handler
+        self.started = False
+        self.ended = False
+
+    def start(self, status: int, headers: Mapping[str, str]) -> None:
+        self.started = True
+        self.h.send_response(status)
+        for k, v in headers.items():
+            if k.lower() not in ("content-length", "connection", "transfer-encoding"):
+                self.h.send_header(k, v)
+        self.h.send_header("transfer-encoding", "chunked")
+        self.h.end_headers()
+        self.h.wfile.flush()
+
+    def write(self, data: bytes) -> None:
+        if data:
+            self.h.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.h.wfile.flush()
+
+    def end(self, error_type: str | None = None, error: Mapping | None = None) -> None:
+        if self.ended or not self.started:
+            return
+        self.ended = True
+        self.h.wfile.write(b"0\r\n\r\n")     # a local client has no use for Lambda's error trailers
+        self.h.wfile.flush()
+
+
 class Handler(BaseHTTPRequestHandler):
     server_version = "warmllm-serve"
     protocol_version = "HTTP/1.1"
     lambda_handler: Callable[..., dict] | None = None
+    stream_handler: Callable[..., None] | None = None
     timeout_s = 900.0
 
     def log_message(self, fmt, *args):      # the handler's JSON log line is the access log
@@ -69,6 +105,13 @@ class Handler(BaseHTTPRequestHandler):
         body = self.rfile.read(n) if n else b""
         event = http_api_event(self.command, self.path, dict(self.headers.items()), body,
                                self.headers.get("host", "127.0.0.1"), self.client_address[0])
+        streamer = type(self).stream_handler
+        if streamer is not None and self.command != "HEAD":
+            out = ChunkedResponse(self)
+            with _LOCK:
+                streamer(event, LocalContext(self.timeout_s), out)
+            out.end()
+            return
         handler = type(self).lambda_handler
         assert handler is not None, "make_server sets the handler"
         with _LOCK:
@@ -88,10 +131,16 @@ class Handler(BaseHTTPRequestHandler):
     do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _serve
 
 
-def make_server(host: str = "127.0.0.1", port: int = 8080, lambda_handler=None) -> ThreadingHTTPServer:
-    if lambda_handler is None:
+def make_server(host: str = "127.0.0.1", port: int = 8080, lambda_handler=None,
+                stream_handler=None) -> ThreadingHTTPServer:
+    """`lambda_handler` alone: buffered answers (Content-Length). Neither given: function.app's
+    two handlers, streaming for everything but HEAD."""
+    if lambda_handler is None and stream_handler is None:
         from .app import handler as lambda_handler
-    cls = type("BoundHandler", (Handler,), {"lambda_handler": staticmethod(lambda_handler)})
+        from .app import stream_handler
+    attrs = {"lambda_handler": staticmethod(lambda_handler) if lambda_handler else None,
+             "stream_handler": staticmethod(stream_handler) if stream_handler else None}
+    cls = type("BoundHandler", (Handler,), attrs)
     return ThreadingHTTPServer((host, port), cls)
 
 

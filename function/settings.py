@@ -17,6 +17,16 @@ DEFAULT_MODEL_RETRY_S = 30.0
 DEFAULT_INIT_BUDGET_S = 8.0
 DEFAULT_MODEL_DIR = "/tmp/warmllm-models"
 DEFAULT_WATCHDOG_MARGIN_S = 1.0
+DEFAULT_STREAM_DEADLINE_S = 300.0
+DEFAULT_STREAM_KEEPALIVE_S = 5.0
+
+
+def _url_auth(env: Mapping[str, str]) -> str:
+    v = (env_str(env, "FUNCTION_URL_AUTH_TYPE") or "NONE").upper()
+    if v not in ("AWS_IAM", "NONE"):
+        raise ValueError(f"FUNCTION_URL_AUTH_TYPE={v!r} is invalid: set it to AWS_IAM or NONE (the Function "
+                         "URL's AuthType), or unset it for NONE")
+    return v
 
 
 def _api_key(env: Mapping[str, str]) -> str | None:
@@ -41,6 +51,13 @@ class FunctionSettings:
     init_budget_s: float = DEFAULT_INIT_BUDGET_S    # INIT_BUDGET_S: how long init waits for the model
     watchdog_margin_s: float = DEFAULT_WATCHDOG_MARGIN_S  # WATCHDOG_MARGIN_S: the timeout line this long before Lambda's
     limits: Limits = field(default_factory=Limits)  # MAX_BODY_BYTES, MAX_JSON_DEPTH, ... (function/limits.py)
+    # STREAM_DEADLINE_S: the deadline of an invocation through a streaming integration (Function URL,
+    # REST API), counted like API_DEADLINE_S; still capped by Lambda's remaining time
+    stream_deadline_s: float = DEFAULT_STREAM_DEADLINE_S
+    stream_keepalive_s: float = DEFAULT_STREAM_KEEPALIVE_S  # STREAM_KEEPALIVE_S: ": keep-alive" while prefilling
+    # FUNCTION_URL_AUTH_TYPE=AWS_IAM: Lambda authenticated every Function URL request (SigV4), whose
+    # Authorization header is the signature: the bearer check does not apply to those events
+    function_url_iam: bool = False
 
     @property
     def model_source(self) -> str | None:
@@ -61,4 +78,7 @@ class FunctionSettings:
             init_budget_s=non_negative(env, "INIT_BUDGET_S", DEFAULT_INIT_BUDGET_S),
             watchdog_margin_s=non_negative(env, "WATCHDOG_MARGIN_S", DEFAULT_WATCHDOG_MARGIN_S),
             limits=Limits.from_env(env),
+            stream_deadline_s=positive(env, "STREAM_DEADLINE_S", DEFAULT_STREAM_DEADLINE_S),
+            stream_keepalive_s=non_negative(env, "STREAM_KEEPALIVE_S", DEFAULT_STREAM_KEEPALIVE_S),
+            function_url_iam=_url_auth(env) == "AWS_IAM",
         )

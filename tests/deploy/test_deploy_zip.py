@@ -49,8 +49,8 @@ def test_sam_validate_lint_clean(name):
 def test_sam_validate_lint_is_not_vacuous(tmp_path):
     bad = tmp_path / "template.yaml"
     text = (ROOT / "template-zip.yaml").read_text()
-    assert "    Default: 60\n" in text
-    bad.write_text(text.replace("    Default: 60\n", "    Default: 1000\n"))    # a timeout above Lambda's 900 s
+    assert "    Default: 310\n" in text
+    bad.write_text(text.replace("    Default: 310\n", "    Default: 1000\n"))    # a timeout above Lambda's 900 s
     assert sam("validate", "--lint", "-t", str(bad), "--region", "us-east-1").returncode != 0
 
 
@@ -72,6 +72,8 @@ def test_zip_template_is_the_image_template_but_for_packaging():
     # the zip has no pre-built kernel cache: it compiles into NUMBA_CACHE_DIR, on EFS when there is one
     assert props["Environment"]["Variables"]["NUMBA_CACHE_DIR"] == {
         "Fn::If": ["UseEfs", "/mnt/models/numba-cache", "/tmp/numba-cache"]}
+    # the managed runtime's loop cannot stream: ./bootstrap (exec wrapper) runs ours
+    assert props["Environment"]["Variables"]["AWS_LAMBDA_EXEC_WRAPPER"] == "/var/task/bootstrap"
 
     # everything else is the same stack: a change to one template must be made to both
     a, b = copy.deepcopy(img), copy.deepcopy(zp)
@@ -84,6 +86,7 @@ def test_zip_template_is_the_image_template_but_for_packaging():
         for k in ("PackageType", "CodeUri", "Handler", "Runtime", "Architectures", "Layers"):
             f["Properties"].pop(k, None)
         f["Properties"]["Environment"]["Variables"].pop("NUMBA_CACHE_DIR", None)
+        f["Properties"]["Environment"]["Variables"].pop("AWS_LAMBDA_EXEC_WRAPPER", None)
     assert a == b
 
 
@@ -99,7 +102,8 @@ def test_sam_build_zip_offline_and_the_handler_runs_from_the_artifacts(tmp_path,
         pytest.skip("pip cannot reach the package registry for the layer")
     assert r.returncode == 0 and "Build Succeeded" in r.stdout, (r.stdout[-3000:], r.stderr[-3000:])
     task, opt = out / "WarmLlmFunction", out / "DepsLayer" / "python"
-    assert sorted(p.name for p in task.iterdir()) == ["engine", "function"]
+    assert sorted(p.name for p in task.iterdir()) == ["bootstrap", "engine", "function"]
+    assert os.access(task / "bootstrap", os.X_OK)
     assert not list(task.rglob("__pycache__")) and not (opt / "numba" / "tests").exists()
     assert not (opt / "huggingface_hub").exists() and (opt / "numpy").is_dir()
     built = load(str(out / "template.yaml"))

@@ -67,9 +67,21 @@ def test_what_does_not_fit_is_a_context_overflow_before_any_work(small_ctx):
     assert small_ctx.session.tokens == []  # nothing was prefilled
 
 
-def test_the_deadline_is_reported_as_such(small_ctx):
+def test_the_deadline_is_reported_as_such(small_ctx, monkeypatch):
+    # a deadline already past stops the prefill before its first chunk (issue 16): no tokens
     r = small_ctx.generate(list(range(10, 22)), deadline=time.monotonic())
-    assert r.finish_reason == "length" and r.deadline_hit and r.completion_tokens == 1
+    assert r.finish_reason == "length" and r.deadline_hit and r.completion_tokens == 0
+    assert r.prefill.prefilled_tokens == 0
+    # one that passes during the decode stops it there
+    real = small_ctx.session.step
+
+    def slow(tok):
+        time.sleep(0.2)
+        return real(tok)
+
+    monkeypatch.setattr(small_ctx.session, "step", slow)
+    r = small_ctx.generate(list(range(30, 36)), max_tokens=30, deadline=time.monotonic() + 2.0)
+    assert r.finish_reason == "length" and r.deadline_hit and 1 <= r.completion_tokens < 30
 
 
 def test_the_result_holds_the_prefill_it_ran(small_ctx):

@@ -189,14 +189,19 @@ def test_max_tokens_omitted_is_capped_by_the_context(rt, capsys):
 
 
 def test_deadline_stops_generation_with_length(rt, capsys, monkeypatch):
+    from function.admission import PrefillRate
     monkeypatch.setattr(rt, "settings", dataclasses.replace(rt.settings, deadline_margin_s=0.5))
     ev = with_body("chat_http_api.json", max_tokens=400, temperature=1.0, seed=3,
                    messages=[{"role": "user", "content": "Write a long story."}])
+    # no measured prefill rate: nothing is refused up front (the decode deadline is under test here;
+    # tests/function/test_deadline_stages.py has the refusal)
+    rt.prefill_rate = PrefillRate()
     resp, line = call(rt, ev, capsys, ctx=Ctx(remaining_ms=520))   # 20 ms after the margin
     b = body_of(resp)
     assert resp["statusCode"] == 200 and b["choices"][0]["finish_reason"] == "length"
     assert b["usage"]["completion_tokens"] < 400 and line["deadline_hit"] is True
     monkeypatch.setattr(rt, "settings", dataclasses.replace(rt.settings, api_deadline_s=0.52))
+    rt.prefill_rate = PrefillRate()
     resp, line = call(rt, ev, capsys)                                  # the API deadline, same effect
     assert body_of(resp)["usage"]["completion_tokens"] < 400 and line["deadline_hit"] is True
 

@@ -142,14 +142,19 @@ def test_response_shapes():
 
 
 def test_sse_body_is_data_lines_ending_done():
-    chunks = oa.chat_chunks("id", 1, "m", content_pieces=["He", "llo"], reasoning="r", tool_calls=None,
-                            finish_reason="stop", use=oa.usage(1, 2))
-    body = oa.sse(chunks)
+    from function.streaming import ChatStream, Collector
+    out = Collector()
+    s = ChatStream(out, "id", 1, "m", tools=None, opens_think=False, include_usage=True)
+    for piece in ("<think>r</think>", "He", "llo"):
+        s.feed(piece)
+    s.finish("stop", usage=oa.usage(1, 2))
+    body = out.body()
     events = [e for e in body.split("\n\n") if e]
     assert all(e.startswith("data: ") for e in events) and events[-1] == "data: [DONE]"
     parsed = [json.loads(e[6:]) for e in events[:-1]]
     assert parsed[0]["choices"][0]["delta"]["role"] == "assistant"
     assert "".join(p["choices"][0]["delta"].get("content", "") for p in parsed if p["choices"]) == "Hello"
+    assert "".join(p["choices"][0]["delta"].get("reasoning_content", "") for p in parsed if p["choices"]) == "r"
     assert parsed[-2]["choices"][0]["finish_reason"] == "stop"
     assert parsed[-1]["choices"] == [] and parsed[-1]["usage"]["total_tokens"] == 3
 

@@ -1,6 +1,8 @@
-"""The container image's entry point without Docker: ``python -m awslambdaric function.app.handler``
-against a local endpoint that speaks the Lambda Runtime API (next / response / error). Three
-events: the first is the cold start, the second and third are warm (no reload, one init line)."""
+"""The buffered handler contract under AWS's own runtime client: ``python -m awslambdaric
+function.app.handler`` against a local endpoint that speaks the Lambda Runtime API (next / response /
+error). Three events: the first is the cold start, the second and third are warm (no reload, one
+init line). The image's entry point is our streaming loop now (tests/function/test_stream_runtime.py);
+``function.app.handler`` still works under awslambdaric for anyone who deploys it that way."""
 from __future__ import annotations
 
 import json
