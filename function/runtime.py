@@ -323,8 +323,12 @@ class Runtime:
         return resp
 
     def _authorized(self, req: events.Request) -> bool:
-        """No key set, a direct invoke (IAM already allowed it), or the right bearer token."""
+        """No key set, a direct invoke (IAM already allowed it), a Function URL under AWS_IAM auth
+        (Lambda checked its SigV4 signature, which is what its Authorization header holds), or the
+        right bearer token."""
         if not self.api_key or req.kind == "direct":
+            return True
+        if req.kind == "function_url" and self.settings.function_url_iam:
             return True
         auth = req.headers.get("authorization", "")
         token = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
