@@ -67,7 +67,14 @@ def main(argv: list[str]) -> int:
     cache = os.environ.get("NUMBA_CACHE_DIR", "numba's default cache")
     with heartbeat(f"loading {model} and answering {path}",
                    f"the first run compiles the numba kernels, ~15-25 s; later runs reuse {cache}"):
-        from .app import handler
+        from .app import RUNTIME, handler
+        from .errors import APIError
+        # a local run waits for the load (the first run's compile can outlast API Gateway's 28 s
+        # request deadline on a slow or busy machine); a failed load is the handler's 503 below
+        try:
+            RUNTIME.wait_for_engine(time.monotonic() + LocalContext().get_remaining_time_in_millis() / 1000)
+        except APIError:
+            pass
         resp = handler(event, LocalContext())
     print("--- raw response (what API Gateway returns) ---")
     print(json.dumps(resp, indent=2, ensure_ascii=False))
