@@ -62,6 +62,19 @@ def sse_chunks(body: str) -> list[dict]:
     return [json.loads(line[6:]) for line in body.split("\n") if line.startswith("data: {")]
 
 
+def streamed_tool_calls(chunks: list[dict]) -> list[dict]:
+    """The calls a stream's tool_calls deltas add up to, as OpenAI's clients join them: by index,
+    the name from the first delta, the argument text concatenated."""
+    calls: dict[int, dict] = {}
+    for c in chunks:
+        for tc in (c["choices"][0]["delta"].get("tool_calls") or []) if c["choices"] else []:
+            call = calls.setdefault(tc["index"], {"function": {"name": "", "arguments": ""}})
+            fn = tc.get("function") or {}
+            call["function"]["name"] += fn.get("name") or ""
+            call["function"]["arguments"] += fn.get("arguments") or ""
+    return [calls[i] for i in sorted(calls)]
+
+
 # ----------------------------------------------------------------------------- property tests
 
 SCHEMA_LEAVES = st.one_of(
@@ -158,7 +171,7 @@ def test_tool_choice_required_always_returns_tool_calls(rt, stream):
     b = ask(rt, tools=TOOLS, tool_choice="required", reasoning_effort="none", max_tokens=160, stream=stream)
     if stream:
         chunks = sse_chunks(b["body"] if isinstance(b, dict) and "body" in b else b)
-        calls = [tc for c in chunks for tc in (c["choices"][0]["delta"].get("tool_calls") or []) if c["choices"]]
+        calls = streamed_tool_calls(chunks)
         finish = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1]
     else:
         calls = b["choices"][0]["message"]["tool_calls"]
