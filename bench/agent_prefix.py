@@ -62,22 +62,13 @@ def _messages(eng, n_tokens: int) -> list[dict]:
     return [{"role": "system", "content": " ".join(words[:lo])}, {"role": "user", "content": USER_1}]
 
 
-class _Scripted:
-    def __init__(self, ids, end):
-        self.ids = list(ids) + [end]
-
-    def __call__(self, logits):
-        return self.ids.pop(0) if self.ids else self.ids_end
-
-    ids_end = 0
-
-
 def _script(eng, text: str) -> None:
     import engine.generate as gen
+    from engine.synthetic.scripted import ScriptedSampler
 
     ids = eng.tokenizer.encode(text, add_special=False)
     end = eng.tokenizer.token_id("<|im_end|>")
-    gen.Sampler = lambda params: _Scripted(ids, end)
+    gen.Sampler = lambda params: ScriptedSampler(ids, end)
 
 
 def _run(eng, messages, reply="Done.") -> dict:

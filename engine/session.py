@@ -28,6 +28,14 @@ from engine.models.qwen35 import Qwen35
 from engine.snapshots import Restored, Snapshot, SnapshotStore, prefix_hashes
 from engine.state import State
 
+class _SnapshotFault(Exception):
+    """A restored snapshot could not be used (`cause`): the session repairs it and prefills from scratch."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
 MIN_SEGMENT = 8  # checkpoints closer than this to the previous one are skipped (memory for little reuse)
 
 
@@ -130,12 +138,12 @@ class Session:
             hit = self.store.lookup(prompt, candidates, min_len=start + 1, slow=not can_extend)
             if hit is not None:
                 try:
-                    return self._from_snapshot(hit, prompt, boundaries, t0)
-                except Exception as exc:
+                    return self._from_snapshot(hit, prompt, boundaries, t0, deadline, admit)
+                except _SnapshotFault as fault:
                     # any failure applying a stored state is the snapshot's fault (a valid
                     # checksum is not valid content): repaired, and this prompt prefilled from
                     # scratch, so the answer is the from-scratch answer
-                    self.store.fault(hit, exc)
+                    self.store.fault(hit, fault.cause)
                     mode, start = "batched", 0
         if mode == "batched":
             self.reset()
@@ -155,29 +163,49 @@ class Session:
         return PrefillResult(mode, start, n - start, (time.perf_counter() - t0) * 1e3 - restore_ms, restore_ms,
                              logits, tier, snap_bytes, cps, cp_bytes, cp_ms)
 
-    def _from_snapshot(self, hit: Restored, prompt: list[int], boundaries: Sequence[int],
-                       t0: float) -> PrefillResult:
-        """Continue from a restored snapshot: its state (forked), then the rest of the prompt."""
+    def _from_snapshot(self, hit: Restored, prompt: list[int], boundaries: Sequence[int], t0: float,
+                       deadline: float | None, admit: Callable[[int], None] | None) -> PrefillResult:
+        """Continue from a restored snapshot: its state (forked), then the rest of the prompt.
+        A failure of the snapshot's own (applying it, or non-finite logits from it) is raised as
+        _SnapshotFault; the admission's refusal and the deadline's cut are the request's, and
+        propagate as they are."""
         n = len(prompt)
         t1 = time.perf_counter()
-        snap = hit.snapshot
-        # Stored states are shared (frozen in memory): continue from a fork, no copy.
-        self.state = snap.state.fork()
-        self.tokens = prompt[:snap.n_tokens]
-        self.last_logits = None if snap.logits is None else np.array(snap.logits, copy=True)
-        restore_ms = hit.ms + (time.perf_counter() - t1) * 1e3
-        mode, start = f"snapshot_{hit.tier}", snap.n_tokens
-        if start == n:
-            if self.last_logits is None or not np.isfinite(self.last_logits).all():
+        try:
+            snap = hit.snapshot
+            # Stored states are shared (frozen in memory): continue from a fork, no copy.
+            self.state = snap.state.fork()
+            self.tokens = prompt[:snap.n_tokens]
+            self.last_logits = None if snap.logits is None else np.array(snap.logits, copy=True)
+            mode, start = f"snapshot_{hit.tier}", snap.n_tokens
+            if start == n and (self.last_logits is None or not np.isfinite(self.last_logits).all()):
                 raise ValueError("the restored snapshot of the whole prompt has no usable logits")
-            return PrefillResult(mode, n, 0, (time.perf_counter() - t0) * 1e3, restore_ms, self.last_logits,
-                                 hit.tier, hit.nbytes)
+        except Exception as exc:
+            raise _SnapshotFault(exc) from exc
+        restore_ms = hit.ms + (time.perf_counter() - t1) * 1e3
+
+        def result(tokens: int, logits: np.ndarray, *extra) -> PrefillResult:
+            # restore_ms is its own stage: prefill_ms is the rest (each stage counted once)
+            return PrefillResult(mode, start, tokens, (time.perf_counter() - t0) * 1e3 - restore_ms, restore_ms,
+                                 logits, hit.tier, hit.nbytes, *extra)
+
+        if start == n:
+            assert self.last_logits is not None
+            return result(0, self.last_logits)
+        if admit is not None:
+            admit(n - start)
         cps = checkpoint_positions(n, start, boundaries, self.every)
-        logits, cp_bytes, cp_ms = self._run(prompt, start, cps)
+        try:
+            logits, cp_bytes, cp_ms = self._run(prompt, start, cps, deadline)
+        except PrefillDeadline as cut:
+            cut.result = result(cut.done_tokens, np.empty(0, dtype=np.float32))
+            raise
+        except Exception as exc:
+            raise _SnapshotFault(exc) from exc
         if not np.isfinite(logits).all():
-            raise ValueError("the prefill continued from the restored snapshot gave non-finite logits")
-        return PrefillResult(mode, start, n - start, (time.perf_counter() - t0) * 1e3, restore_ms, logits,
-                             hit.tier, hit.nbytes, cps, cp_bytes, cp_ms)
+            self.reset()
+            raise _SnapshotFault(ValueError("the prefill continued from the restored snapshot gave non-finite logits"))
+        return result(n - start, logits, cps, cp_bytes, cp_ms)
 
     def step(self, token: int) -> np.ndarray:
         """Decode: one token through the model (the T == 1 path)."""

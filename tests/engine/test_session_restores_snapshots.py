@@ -19,6 +19,7 @@ from engine import snapshots as S
 from engine.gguf_file import GGUFFile
 from engine.models.qwen35 import Qwen35
 from engine.session import Session, checkpoint_positions
+from engine.synthetic.scripted import ScriptedSampler
 from tests.parity import greedy_from
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -204,25 +205,12 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
                                                          "properties": {"city": {"type": "string"}}}}}]
 
 
-class Scripted:
-    """A sampler that replays a reply's tokens, then the end of turn: the prefix property
-    depends on the template and tokenizer, not on what a random tiny model says."""
-
-    def __init__(self, ids: list[int], end: int):
-        self.ids = list(ids) + [end]
-
-    def __call__(self, logits):
-        return self.ids.pop(0) if self.ids else self.ids_end
-
-    ids_end = 0
-
-
 def script(monkeypatch, eng, text):
     import engine.generate as gen
 
     ids = eng.tokenizer.encode(text, add_special=False)
     end = eng.tokenizer.token_id("<|im_end|>")
-    monkeypatch.setattr(gen, "Sampler", lambda params: Scripted(ids, end))
+    monkeypatch.setattr(gen, "Sampler", lambda params: ScriptedSampler(ids, end))
 
 
 def test_chat_prompt_boundaries(engine):
