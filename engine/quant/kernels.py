@@ -758,6 +758,7 @@ _MATVEC = {
 }
 # The smaller downloads' formats (Q2_K, Q3_K, IQ4_NL, IQ4_XS, IQ3_S, IQ3_XXS): engine/quant/lowbit_kernels.py
 from .lowbit_kernels import DEQUANT as _LOWBIT_DEQUANT, MATVEC as _LOWBIT_MATVEC  # noqa: E402
+from .lowbit_kernels import MATVEC_INT8 as _LOWBIT_MATVEC_INT8  # noqa: E402
 
 _DEQUANT.update(_LOWBIT_DEQUANT)
 _MATVEC.update(_LOWBIT_MATVEC)
@@ -811,7 +812,10 @@ def dequantize_rows_into(qtype, raw: np.ndarray, out: np.ndarray) -> None:
 
 # Integer matrix-vector kernels: K formats take Q8_K activations (w, xq, xd, xs16, out, knobs,
 # q6), Q8_0 takes Q8_0 activations (w, xq16, xd, out).
-_MATVEC_INT8 = {T.Q4_K: _mv_k_q8k, T.Q6_K: _mv_k_q8k, T.Q8_0: _mv_q8_0_q8, T.Q5_K: _mv_q5_k_q8k}
+_MATVEC_INT8 = {T.Q4_K: _mv_k_q8k, T.Q6_K: _mv_k_q8k, T.Q8_0: _mv_q8_0_q8, T.Q5_K: _mv_q5_k_q8k,
+                **_LOWBIT_MATVEC_INT8}  # x86_lowbit.py's rows: (w, xq, xd, xs16, out), IQ4_NL (w, xq, xd, out)
+_KNOBBED = {T.Q4_K, T.Q6_K, T.Q5_K}  # int8_dot's rows take (..., out, KNOBS, q6)
+_Q8_0_INT8 = {T.Q8_0, T.IQ4_NL}  # integer rows against Q8_0 activations
 _MATVEC_INT8_SERIAL = {qt: serial_twin(k) for qt, k in _MATVEC_INT8.items()}
 _MULTI_TOKEN = {T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0}  # formats with a multi-token kernel (_mm_*)
 _PORTABLE_INT8 = {T.Q4_K, T.Q6_K, T.Q8_0}  # int8_dot.py's generic IR (Q5_K: arm_neon.py only)
@@ -903,14 +907,16 @@ class MatvecPlan:
         self.int8 = has_int8_kernels(qt)
         if self.int8:
             self.kernel = (_MATVEC_INT8_SERIAL if small else _MATVEC_INT8)[qt]
-            if qt == T.Q8_0:
-                self.xq = np.empty(cols, _q8_0_activations())
+            if qt in _Q8_0_INT8:
+                # IQ4_NL's rows (x86_lowbit.py) take the int8 values; Q8_0's x86 row int16
+                self.xq = np.empty(cols, _q8_0_activations() if qt == T.Q8_0 else np.int8)
                 self.xd = np.empty(cols // 32, np.float32)
             else:
                 self.xq = np.empty(cols, np.int8)
                 self.xd = np.empty(cols // 256, np.float32)
                 self.xs16 = np.empty(cols // 16, np.int16)
             self.prepared = None
+            self.args: tuple = (KNOBS, qt == T.Q6_K) if qt in _KNOBBED else ()
         else:
             self.kernel = (_MATVEC_SERIAL if small else _MATVEC)[qt]
             self.prepared = prepare(qt, self.w, rows, cols) if qt in _PREPARED else None
@@ -966,13 +972,13 @@ class MatvecPlan:
         return out[:a.tokens]
 
     def __call__(self, x: np.ndarray, out: np.ndarray) -> None:
-        if self.int8 and self.qtype == T.Q8_0:
+        if self.int8 and self.qtype in _Q8_0_INT8:
             quantize_q8_0(x, self.xq, self.xd)
             self.kernel(self.w, self.xq, self.xd, out)
             return
         if self.int8:
             quantize_q8_k(x, self.xq, self.xd, self.xs16)
-            self.kernel(self.w, self.xq, self.xd, self.xs16, out, KNOBS, self.qtype == T.Q6_K)
+            self.kernel(self.w, self.xq, self.xd, self.xs16, out, *self.args)
             return
         x = round_activations(x, self.qtype)
         if self.prepared is None:

@@ -1,4 +1,5 @@
-"""numba kernels for the formats of engine/quant/lowbit.py: exact decode rows and float decode rows.
+"""numba kernels for the formats of engine/quant/lowbit.py: exact decode rows, float decode rows,
+and (x86, AVX2 and up) integer decode rows.
 
 * ``_dq_*`` decode a matrix into f32 (prefill: dequantize + BLAS), ``fastmath=False`` so the
   bytes come out bit-identical to :mod:`engine.quant.lowbit` (and therefore ``gguf.quants``).
@@ -7,12 +8,13 @@
   / IQ3_XXS, Q8_0 for IQ4_NL: ``activations.round_activations``), the same scheme as Q5_K's
   rows. Sub-block offsets (Q2_K's mins) come out of the inner loop with per-16 sums of x.
 
-No int8 tiles for these formats yet: every path (x86 levels and arm64) runs these rows for
-decode and dequantize + BLAS for prefill, and engine/quant/paths.py says "float" /
-"dequantize+blas" for them. Why: their weights are 2-3.4 bits looked up through scale nibbles,
-grids and sign masks; an int8 tile would first expand each block to int8 (what the decode rows
-do in registers), which is the same unpack the dequantize does once per matrix for a whole
-prompt, and BLAS then runs at its fp32 peak. See docs/formats.md.
+* ``_mv_*_q8`` (``MATVEC_INT8``): on x86 (every level from AVX2 up) Q2_K, Q3_K, IQ4_XS, IQ3_S
+  and IQ4_NL decode in integer arithmetic against the activations quantized as llama.cpp
+  quantizes them (engine/quant/x86_lowbit.py); IQ3_XXS, and every format on arm64, keep the
+  float rows above. engine/quant/paths.py names the path per format.
+
+No int8 tiles for these formats yet: prefill runs dequantize + BLAS on every path, and
+paths.py says "dequantize+blas" for them. See docs/formats.md.
 
 The IQ grids and levels are module-level arrays (numba freezes them into the compiled code)
 built from the gguf package by engine/quant/lowbit.py.
@@ -25,12 +27,15 @@ from numba import njit, prange
 
 from .kernels import _DQ, _MV, _f16_at, _group_sums, _qf, _u32_at
 from .lowbit import IQ4_LEVELS, iq_grid, ksigns
+from .x86_lowbit import iq3_s_row_dot, iq4_nl_row_dot, iq4_xs_row_dot, q2_k_row_dot, q3_k_row_dot
 
 _F32 = np.float32
 _LV = IQ4_LEVELS.astype(np.float32)
 _G3S = np.ascontiguousarray(iq_grid(T.IQ3_S)).copy()
 _G3XXS = np.ascontiguousarray(iq_grid(T.IQ3_XXS)).copy()
 _KS = ksigns().copy()
+# the IQ3_S lattice rows as one little-endian uint32 each (the integer rows load a row at a time)
+_G3S_U32 = np.ascontiguousarray(_G3S).view("<u4").reshape(-1).copy()
 
 
 # ----------------------------------------------------------------------------- Q2_K (84 bytes)
@@ -314,3 +319,46 @@ DEQUANT = {T.Q2_K: _dq_q2_k, T.Q3_K: _dq_q3_k, T.IQ4_NL: _dq_iq4_nl, T.IQ4_XS: _
            T.IQ3_S: _dq_iq3_s, T.IQ3_XXS: _dq_iq3_xxs}
 MATVEC = {T.Q2_K: _mv_q2_k, T.Q3_K: _mv_q3_k, T.IQ4_NL: _mv_iq4_nl, T.IQ4_XS: _mv_iq4_xs,
           T.IQ3_S: _mv_iq3_s, T.IQ3_XXS: _mv_iq3_xxs}
+
+
+# ----------------------------------------------------------------------------- integer rows (x86)
+# (w, xq, xd, xs16, out) like kernels._mv_k_q8k without its knobs; IQ4_NL takes Q8_0 activations
+# (w, xq int8, xd f32 per 32, out). The format is one kernel each: a plan compiles only its own.
+
+@njit(**_MV)
+def _mv_q2_k_q8(w, xq, xd, xs16, out):
+    nb = xd.shape[0]
+    for r in prange(w.shape[0]):
+        out[r] = q2_k_row_dot(w[r], nb, xq, xd, xs16)
+
+
+@njit(**_MV)
+def _mv_q3_k_q8(w, xq, xd, xs16, out):
+    nb = xd.shape[0]
+    for r in prange(w.shape[0]):
+        out[r] = q3_k_row_dot(w[r], nb, xq, xd, xs16)
+
+
+@njit(**_MV)
+def _mv_iq4_xs_q8(w, xq, xd, xs16, out):
+    nb = xd.shape[0]
+    for r in prange(w.shape[0]):
+        out[r] = iq4_xs_row_dot(w[r], nb, xq, xd)
+
+
+@njit(**_MV)
+def _mv_iq3_s_q8(w, xq, xd, xs16, out):
+    nb = xd.shape[0]
+    for r in prange(w.shape[0]):
+        out[r] = iq3_s_row_dot(w[r], nb, xq, xd, _G3S_U32)
+
+
+@njit(**_MV)
+def _mv_iq4_nl_q8(w, xq, xd, out):
+    nb = xd.shape[0]
+    for r in prange(w.shape[0]):
+        out[r] = iq4_nl_row_dot(w[r], nb, xq, xd)
+
+
+MATVEC_INT8 = {T.Q2_K: _mv_q2_k_q8, T.Q3_K: _mv_q3_k_q8, T.IQ4_XS: _mv_iq4_xs_q8, T.IQ3_S: _mv_iq3_s_q8,
+               T.IQ4_NL: _mv_iq4_nl_q8}

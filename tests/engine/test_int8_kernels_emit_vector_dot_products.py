@@ -29,6 +29,14 @@ EXPECTED = {
     T.Q6_K: ("vpmaddubsw", "vpmaddwd", "prefetcht0"),
     T.Q8_0: ("vpmaddwd", "prefetcht0"),
 }
+# the low-bit formats' decode rows (engine/quant/x86_lowbit.py): no tiles, decode only
+LOWBIT_EXPECTED = {
+    T.Q2_K: ("vpmaddubsw", "vpmaddwd", "prefetcht0"),
+    T.Q3_K: ("vpmaddubsw", "vpmaddwd", "prefetcht0"),
+    T.IQ4_XS: ("vpshufb", "vpsignb", "vpmaddubsw", "vpmaddwd", "prefetcht0"),
+    T.IQ4_NL: ("vpshufb", "vpsignb", "vpmaddubsw", "vpmaddwd", "prefetcht0"),
+    T.IQ3_S: ("vpshufb", "vpmaddubsw", "vpmaddwd", "prefetcht0"),
+}
 # the K-format tiles per level (engine/quant/x86_avx512.py, x86_avx2.py)
 TILE_EXPECTED = {
     "avx512vnni": ("vpdpbusd", "vpackssdw", "prefetcht0"),
@@ -59,6 +67,13 @@ def test_integer_row_kernels_use_the_x86_dot_instructions(qtype, tokens):
     want = EXPECTED[qtype] if tokens == 1 or qtype == T.Q8_0 else TILE_EXPECTED[paths.target().level]
     missing = [op for op in want if op not in asm]
     assert not missing, f"{qtype.name} x{tokens}: no {missing} in the kernel's assembly"
+
+
+@pytest.mark.parametrize("qtype", list(LOWBIT_EXPECTED), ids=lambda t: t.name)
+def test_low_bit_decode_rows_use_the_x86_dot_instructions(qtype):
+    asm = "\n".join(asm_of(_compiled(qtype, 1)))
+    missing = [op for op in LOWBIT_EXPECTED[qtype] if op not in asm]
+    assert not missing, f"{qtype.name} decode: no {missing} in the kernel's assembly"
 
 
 @pytest.mark.skipif(paths.target().vector_bytes != 64, reason="numba compiling for AVX-512BW")
