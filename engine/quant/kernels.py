@@ -758,7 +758,7 @@ _MATVEC = {
 }
 # The smaller downloads' formats (Q2_K, Q3_K, IQ4_NL, IQ4_XS, IQ3_S, IQ3_XXS): engine/quant/lowbit_kernels.py
 from .lowbit_kernels import DEQUANT as _LOWBIT_DEQUANT, MATVEC as _LOWBIT_MATVEC  # noqa: E402
-from .lowbit_kernels import MATVEC_INT8 as _LOWBIT_MATVEC_INT8  # noqa: E402
+from .lowbit_kernels import MATVEC_INT8 as _LOWBIT_MATVEC_INT8, MULTI_TOKEN_INT8 as _LOWBIT_MM  # noqa: E402
 
 _DEQUANT.update(_LOWBIT_DEQUANT)
 _MATVEC.update(_LOWBIT_MATVEC)
@@ -817,7 +817,7 @@ _MATVEC_INT8 = {T.Q4_K: _mv_k_q8k, T.Q6_K: _mv_k_q8k, T.Q8_0: _mv_q8_0_q8, T.Q5_
 _KNOBBED = {T.Q4_K, T.Q6_K, T.Q5_K}  # int8_dot's rows take (..., out, KNOBS, q6)
 _Q8_0_INT8 = {T.Q8_0, T.IQ4_NL}  # integer rows against Q8_0 activations
 _MATVEC_INT8_SERIAL = {qt: serial_twin(k) for qt, k in _MATVEC_INT8.items()}
-_MULTI_TOKEN = {T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0}  # formats with a multi-token kernel (_mm_*)
+_MULTI_TOKEN = {T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0, *_LOWBIT_MM}  # formats with a multi-token kernel (_mm_*)
 _PORTABLE_INT8 = {T.Q4_K, T.Q6_K, T.Q8_0}  # int8_dot.py's generic IR (Q5_K: arm_neon.py only)
 
 
@@ -932,7 +932,7 @@ class MatvecPlan:
         `has_multi_token_kernel`."""
         if not has_multi_token_kernel(self.qtype):
             raise ValueError(f"{self.qtype.name}: no multi-token integer kernel on {platform.machine()}")
-        if self.qtype != T.Q8_0:
+        if self.qtype not in _Q8_0_INT8:
             return self.tokens_q8k(quantize_q8_k_tokens(x, WIDE_TILE))
         t = x.shape[0]
         tp = -(-t // TILE) * TILE
@@ -941,10 +941,13 @@ class MatvecPlan:
         out = np.empty((tp, self.rows), np.float32)
         # padding tokens stay zero (their results are dropped); blocks never straddle tokens
         # (cols is a multiple of the block), so all tokens quantize in one call
-        xq16 = np.zeros(tp * cols, _q8_0_activations())
+        xq16 = np.zeros(tp * cols, _q8_0_activations() if self.qtype == T.Q8_0 else np.int8)
         xd = np.zeros(tp * cols // 32, np.float32)
         quantize_q8_0(flat, xq16[:t * cols], xd[:t * cols // 32])
-        (_mm_q8_0_smmla if paths.tile_level(T.Q8_0) == "neon-i8mm" else _mm_q8_0_q8)(self.w, xq16, xd, out)
+        if self.qtype == T.IQ4_NL:
+            _LOWBIT_MM[T.IQ4_NL](self.w, xq16, xd, out)
+        else:
+            (_mm_q8_0_smmla if paths.tile_level(T.Q8_0) == "neon-i8mm" else _mm_q8_0_q8)(self.w, xq16, xd, out)
         return out[:t]
 
     def tokens_q8k(self, a: Q8KTokens) -> np.ndarray:
@@ -955,6 +958,9 @@ class MatvecPlan:
                              f"{a.padded} tokens; this matrix takes {self.cols} per token, padded to a "
                              f"multiple of {WIDE_TILE}")
         out = np.empty((a.padded, self.rows), np.float32)
+        if self.qtype in _LOWBIT_MM:  # x86_lowbit.py's tiles: offsets and mins inside
+            _LOWBIT_MM[self.qtype](self.w, a.q, a.d, a.sums16, out)
+            return out[:a.tokens]
         q6 = self.qtype == T.Q6_K
         if not q6:
             # sum over blocks b and runs j of (dmin_b m_bj) (d_b^x sums_bj^x): 1/32 of the

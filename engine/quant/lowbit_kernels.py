@@ -27,7 +27,8 @@ from numba import njit, prange
 
 from .kernels import _DQ, _MV, _f16_at, _group_sums, _qf, _u32_at
 from .lowbit import IQ4_LEVELS, iq_grid, ksigns
-from .x86_lowbit import iq3_s_row_dot, iq4_nl_row_dot, iq4_xs_row_dot, q2_k_row_dot, q3_k_row_dot
+from .x86_lowbit import (TILE, iq3_s_row_dot, iq3_s_row_dot_tile, iq4_nl_row_dot, iq4_nl_row_dot_tile, iq4_xs_row_dot,
+                         iq4_xs_row_dot_tile, q2_k_row_dot, q2_k_row_dot_tile, q3_k_row_dot, q3_k_row_dot_tile)
 
 _F32 = np.float32
 _LV = IQ4_LEVELS.astype(np.float32)
@@ -362,3 +363,71 @@ def _mv_iq4_nl_q8(w, xq, xd, out):
 
 MATVEC_INT8 = {T.Q2_K: _mv_q2_k_q8, T.Q3_K: _mv_q3_k_q8, T.IQ4_XS: _mv_iq4_xs_q8, T.IQ3_S: _mv_iq3_s_q8,
                T.IQ4_NL: _mv_iq4_nl_q8}
+
+
+# Several tokens (x86_lowbit's tiles, TILE tokens per weight block): xq (Tp*cols) int8, xd
+# (Tp*nb) f32, xs16 (Tp*cols/16) int16, Tp a multiple of TILE (padding tokens are zeros), out
+# (Tp, rows); rows in chunks of 16 so the tile's activations stay in L1 (kernels._mm_k_q8k).
+_ROW_CHUNK = 16
+
+
+@njit(inline="always", cache=True)
+def _tile_rows(w, xq, xd, xs16, out, kind):
+    tp = out.shape[0]
+    nb = xd.shape[0] // tp
+    cols = nb * 256
+    rows = w.shape[0]
+    for c in prange((rows + _ROW_CHUNK - 1) // _ROW_CHUNK):
+        res = np.empty(TILE, np.float32)
+        for t0 in range(0, tp, TILE):
+            for r in range(c * _ROW_CHUNK, min(rows, (c + 1) * _ROW_CHUNK)):
+                args = (w[r], nb, xq, t0 * cols, cols, xd, t0 * nb, nb, xs16, t0 * cols // 16, cols // 16, res, _G3S_U32)
+                if kind == 0:
+                    q2_k_row_dot_tile(*args)
+                elif kind == 1:
+                    q3_k_row_dot_tile(*args)
+                elif kind == 2:
+                    iq4_xs_row_dot_tile(*args)
+                else:
+                    iq3_s_row_dot_tile(*args)
+                for t in range(TILE):
+                    out[t0 + t, r] = res[t]
+
+
+@njit(**_MV)
+def _mm_q2_k_q8(w, xq, xd, xs16, out):
+    _tile_rows(w, xq, xd, xs16, out, 0)
+
+
+@njit(**_MV)
+def _mm_q3_k_q8(w, xq, xd, xs16, out):
+    _tile_rows(w, xq, xd, xs16, out, 1)
+
+
+@njit(**_MV)
+def _mm_iq4_xs_q8(w, xq, xd, xs16, out):
+    _tile_rows(w, xq, xd, xs16, out, 2)
+
+
+@njit(**_MV)
+def _mm_iq3_s_q8(w, xq, xd, xs16, out):
+    _tile_rows(w, xq, xd, xs16, out, 3)
+
+
+@njit(**_MV)
+def _mm_iq4_nl_q8(w, xq, xd, out):
+    tp = out.shape[0]
+    nb = xd.shape[0] // tp
+    cols = nb * 32
+    rows = w.shape[0]
+    for c in prange((rows + _ROW_CHUNK - 1) // _ROW_CHUNK):
+        res = np.empty(TILE, np.float32)
+        for t0 in range(0, tp, TILE):
+            for r in range(c * _ROW_CHUNK, min(rows, (c + 1) * _ROW_CHUNK)):
+                iq4_nl_row_dot_tile(w[r], nb, xq, t0 * cols, cols, xd, t0 * nb, nb, res)
+                for t in range(TILE):
+                    out[t0 + t, r] = res[t]
+
+
+MULTI_TOKEN_INT8 = {T.Q2_K: _mm_q2_k_q8, T.Q3_K: _mm_q3_k_q8, T.IQ4_XS: _mm_iq4_xs_q8, T.IQ3_S: _mm_iq3_s_q8,
+                    T.IQ4_NL: _mm_iq4_nl_q8}

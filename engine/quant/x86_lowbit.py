@@ -25,11 +25,15 @@ these (no NEON counterpart yet): engine/quant/paths.py says so per format.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from engine.quant.int8_dot import F32, I8, I16, I32, I64, _accumulate, _prefetch, _row_codegen, _vec, x86_call
+from engine.quant.int8_dot import (F32, I8, I16, I32, I64, WIDE_TILE, _accumulate, _prefetch, _row_codegen, _vec,
+                                   x86_call)
 from engine.quant.lowbit import IQ4_LEVELS
 
 V8 = _vec(I8, 32)
@@ -95,46 +99,74 @@ def _iq4_lookup(b, q16):
     return _pshufb(b, _levels_table(), idx)
 
 
-def _signed_dot(b, w, x):
-    """Signed int8 weights w times int8 activations x -> <16 x i16> pair sums: the sign moved
-    onto x so that `vpmaddubsw` sees |w| (llama.cpp's mul_add_epi8)."""
-    return _maddubs(b, _sign(b, w, w), _sign(b, x, w))
+@dataclass
+class _Run:
+    """32 weights of a block as unsigned bytes for `vpmaddubsw`, the <16 x i16> scales against
+    its 16 pair sums, and what the activations need first (IQ4: the levels' signs, IQ3_S: the
+    sign bits), applied per token."""
+
+    weights: ir.Value
+    scales: ir.Value
+    xform: Callable[[ir.IRBuilder, ir.Value], ir.Value] | None = None
 
 
-def _xq_run(row, o, r: int):
-    return row.load("xq", row.b.add(o, _c64(32 * r)), V8, align=1)
+@dataclass
+class _Block:
+    """A weight block unpacked once for all the tile's tokens: its runs (run r against the
+    token's activations 32r..32r+31 of the block), the f16 scale d, and an optional term
+    through the activations' int16 sums per 16 values: Q3_K's -4 offset (times d) or Q2_K's
+    mins (times -dmin)."""
+
+    runs: list[_Run]
+    d: ir.Value
+    by_sums: ir.Value | None = None
+    dmin: ir.Value | None = None
 
 
-def _token_scale(row, d, i):
-    return row.b.fmul(d, row.load("xd", i, F32))
+def _token_dot(row, blk: _Block, i, t: int, values_per_block: int, accs) -> None:
+    """Token t's share of block i: the runs' integer sums, scaled into its accumulator."""
+    b = row.b
+    o = b.add(row.offset("xo", "xstride", t), b.mul(i, _c64(values_per_block)))
+    isum = ir.Constant(D32, [0] * 8)
+    for r, run in enumerate(blk.runs):
+        x = row.load("xq", b.add(o, _c64(32 * r)), V8, align=1)
+        if run.xform is not None:
+            x = run.xform(b, x)
+        isum = b.add(isum, _madd(b, _maddubs(b, run.weights, x), run.scales))
+    xd = row.load("xd", b.add(row.offset("do", "dstride", t), i), F32)
+    sums = None
+    if blk.by_sums is not None:
+        sums = row.load("xs", b.add(row.offset("so", "sstride", t), b.mul(i, _c64(16))), W16, align=2)
+    if blk.by_sums is not None and blk.dmin is None:
+        isum = b.add(isum, _madd(b, sums, blk.by_sums))
+    _accumulate(b, accs[t], isum, b.fmul(blk.d, xd))
+    if blk.dmin is not None:
+        _accumulate(b, accs[t], _madd(b, sums, blk.by_sums), b.fsub(ir.Constant(F32, 0.0), b.fmul(blk.dmin, xd)))
 
 
-def _sums(row, i):
-    """The token's int16 activation sums per 16 values of Q8_K block i, <16 x i16>."""
-    return row.load("xs", row.b.mul(i, _c64(16)), W16, align=2)
+def _signed_run(b, w, scales) -> _Run:
+    """A run of signed int8 weights: |w| for `vpmaddubsw` and w's signs moved onto the
+    activations (llama.cpp's mul_add_epi8; |w| <= 127, |x| <= 127, so no pair saturates)."""
+    return _Run(_sign(b, w, w), scales, lambda bb, x: _sign(bb, x, w))
 
 
-def _q2_k_block(row, a, i, accs):
-    # 84 bytes: scales 16 (low nibble scale, high nibble min), qs 64, d f16, dmin f16
+def _q2_k_unpack(row, i) -> _Block:
+    # 84 bytes: scales 16 (low nibble scale, high nibble min), qs 64, d f16, dmin f16.
+    # Value 128h + 32s + l: (qs[32h + l] >> 2s) & 3, scale and min j = value // 16
     b = row.b
     p = b.mul(i, _c64(84))
     _prefetch(row, p, 84)
     d, dmin = row.half(b.add(p, _c64(80)), lane=2), row.half(b.add(p, _c64(82)), lane=3)  # inside the block
     sc = row.load("row", p, _vec(I8, 16), align=1)
-    m4 = ir.Constant(_vec(I8, 16), [15] * 16)
-    scales = b.zext(b.and_(sc, m4), W16)
+    scales = b.zext(b.and_(sc, ir.Constant(_vec(I8, 16), [15] * 16)), W16)
     mins = b.zext(b.lshr(sc, ir.Constant(_vec(I8, 16), [4] * 16)), W16)
-    o = b.mul(i, _c64(256))
-    isum = ir.Constant(D32, [0] * 8)
+    runs = []
     for h in range(2):
         qs = row.load("row", b.add(p, _c64(16 + 32 * h)), V8, align=1)
         for s in range(4):
             q = b.and_(b.lshr(qs, _bytes(2 * s)) if s else qs, _bytes(3))
-            r = 4 * h + s
-            isum = b.add(isum, _madd(b, _maddubs(b, q, _xq_run(row, o, r)), _run_scales(b, scales, r)))
-    xd = row.load("xd", i, F32)
-    _accumulate(b, accs[0], isum, b.fmul(d, xd))
-    _accumulate(b, accs[0], _madd(b, _sums(row, i), mins), b.fsub(ir.Constant(F32, 0.0), b.fmul(dmin, xd)))
+            runs.append(_Run(q, _run_scales(b, scales, 4 * h + s)))
+    return _Block(runs, d, mins, dmin)
 
 
 def _q3_k_scales(b, u0, u1, u2):
@@ -155,7 +187,7 @@ def _q3_k_scales(b, u0, u1, u2):
     return b.sub(b.bitcast(v, _vec(I8, 16)), ir.Constant(_vec(I8, 16), [32] * 16))
 
 
-def _q3_k_block(row, a, i, accs):
+def _q3_k_unpack(row, i) -> _Block:
     # 110 bytes: hmask 32, qs 64, scales 12, d f16. Value 128h + 32s + l: ((qs[32h + l] >> 2s) & 3)
     # + 4 * (bit 4h + s of hmask[l]) - 4, scale j = value // 16
     b = row.b
@@ -165,23 +197,26 @@ def _q3_k_block(row, a, i, accs):
     words = [row.load("row", b.add(p, _c64(k)), I32, align=1) for k in (96, 100, 104)]
     all16 = b.sext(_q3_k_scales(b, *words), W16)
     hm = row.load("row", p, V8, align=1)
-    o = b.mul(i, _c64(256))
-    isum = ir.Constant(D32, [0] * 8)
+    runs = []
     for h in range(2):
         qs = row.load("row", b.add(p, _c64(32 + 32 * h)), V8, align=1)
         for s in range(4):
             low = b.and_(b.lshr(qs, _bytes(2 * s)) if s else qs, _bytes(3))
             k = 4 * h + s
             high = b.and_(b.lshr(hm, _bytes(k)) if k else hm, _bytes(1))
-            q = b.or_(low, b.shl(high, _bytes(2)))  # 0..7: the -4 goes through the sums below
-            isum = b.add(isum, _madd(b, _maddubs(b, q, _xq_run(row, o, k)), _run_scales(b, all16, k)))
-    offset = b.mul(all16, ir.Constant(W16, [-4] * 16))  # |.| <= 128
-    isum = b.add(isum, _madd(b, _sums(row, i), offset))
-    _accumulate(b, accs[0], isum, _token_scale(row, d, i))
+            q = b.or_(low, b.shl(high, _bytes(2)))  # 0..7: the -4 goes through the sums
+            runs.append(_Run(q, _run_scales(b, all16, k)))
+    return _Block(runs, d, b.mul(all16, ir.Constant(W16, [-4] * 16)))  # |-4 scale| <= 128
 
 
-def _iq4_xs_block(row, a, i, accs):
-    # 136 bytes: d f16, scales_h u16, scales_l 4 bytes, qs 128 (16 per 32-value sub-block)
+def _splat_i32(b, v):
+    one = b.insert_element(ir.Constant(D32, ir.Undefined), v, ir.Constant(I32, 0))
+    return b.shuffle_vector(one, ir.Constant(D32, ir.Undefined), ir.Constant(D32, [0] * 8))
+
+
+def _iq4_xs_unpack(row, i) -> _Block:
+    # 136 bytes: d f16, scales_h u16, scales_l 4 bytes, qs 128 (16 per 32-value sub-block j:
+    # low nibbles values 0-15, high 16-31); scale j = (nibble j of scales_l | 2 bits j of scales_h << 4) - 32
     b = row.b
     p = b.mul(i, _c64(136))
     _prefetch(row, p, 136)
@@ -192,30 +227,20 @@ def _iq4_xs_block(row, a, i, accs):
     slv = b.and_(b.lshr(_splat_i32(b, sl), ir.Constant(D32, [4 * j for j in range(8)])), ir.Constant(D32, [15] * 8))
     ls = b.sub(b.or_(slv, b.shl(shv, ir.Constant(D32, [4] * 8))), ir.Constant(D32, [32] * 8))
     ls16 = b.trunc(ls, _vec(I16, 8))
-    o = b.mul(i, _c64(256))
-    isum = ir.Constant(D32, [0] * 8)
+    runs = []
     for j in range(8):
         w = _iq4_lookup(b, row.load("row", b.add(p, _c64(8 + 16 * j)), _vec(I8, 16), align=1))
-        sc = b.shuffle_vector(ls16, ls16, ir.Constant(_vec(I32, 16), [j] * 16))
-        isum = b.add(isum, _madd(b, _signed_dot(b, w, _xq_run(row, o, j)), sc))
-    _accumulate(b, accs[0], isum, _token_scale(row, d, i))
+        runs.append(_signed_run(b, w, b.shuffle_vector(ls16, ls16, ir.Constant(_vec(I32, 16), [j] * 16))))
+    return _Block(runs, d)
 
 
-def _splat_i32(b, v):
-    one = b.insert_element(ir.Constant(D32, ir.Undefined), v, ir.Constant(I32, 0))
-    return b.shuffle_vector(one, ir.Constant(D32, ir.Undefined), ir.Constant(D32, [0] * 8))
-
-
-def _iq4_nl_block(row, a, i, accs):
+def _iq4_nl_unpack(row, i) -> _Block:
     # 18 bytes per 32 values: d f16, 16 bytes of nibbles; Q8_0 activations (int8, f32 per 32)
     b = row.b
     p = b.mul(i, _c64(18))
     _prefetch(row, p, 18)
-    d = row.half(p)
     w = _iq4_lookup(b, row.load("row", b.add(p, _c64(2)), _vec(I8, 16), align=1))
-    x = row.load("xq", b.mul(i, _c64(32)), V8, align=1)
-    isum = _madd(b, _signed_dot(b, w, x), ir.Constant(W16, [1] * 16))
-    _accumulate(b, accs[0], isum, _token_scale(row, d, i))
+    return _Block([_signed_run(b, w, ir.Constant(W16, [1] * 16))], row.half(p))
 
 
 # bit v % 8 of sign byte v // 8, for the 32 values of an IQ3_S sub-block (vpshufb within a lane:
@@ -224,16 +249,18 @@ _SIGN_BYTE = [0] * 8 + [1] * 8 + [2] * 8 + [3] * 8
 _SIGN_BIT = [1 << (k % 8) for k in range(32)]
 
 
-def _iq3_s_block(row, a, i, accs):
+def _negate_where(neg):
+    return lambda b, x: b.sub(b.xor(x, neg), neg)
+
+
+def _iq3_s_unpack(row, i) -> _Block:
     # 110 bytes: d f16, qs 64 (grid index low bits per 4 values), qh 8 (index bit 8), signs 32,
     # scales 4 (a nibble per 32 values: 1 + 2 * nibble)
     b = row.b
     p = b.mul(i, _c64(110))
     _prefetch(row, p, 110)
-    d = row.half(p)
-    o = b.mul(i, _c64(256))
-    isum = ir.Constant(D32, [0] * 8)
     scales = row.load("row", b.add(p, _c64(106)), I32, align=1)
+    runs = []
     for k in range(8):
         qh = b.zext(row.load("row", b.add(p, _c64(66 + k)), I8), I32)
         grid = ir.Constant(D32, ir.Undefined)
@@ -242,16 +269,24 @@ def _iq3_s_block(row, a, i, accs):
             hi = b.shl(b.and_(b.lshr(qh, ir.Constant(I32, g)) if g else qh, ir.Constant(I32, 1)), ir.Constant(I32, 8))
             entry = row.load("grid", b.zext(b.or_(lo, hi), I64), I32, align=4)
             grid = b.insert_element(grid, entry, ir.Constant(I32, g))
-        w = b.bitcast(grid, V8)
         signs = b.bitcast(_splat_i32(b, row.load("row", b.add(p, _c64(74 + 4 * k)), I32, align=1)), V8)
         bits = b.and_(_pshufb(b, signs, _bytes(_SIGN_BYTE)), _bytes(_SIGN_BIT))
         neg = b.sext(b.icmp_unsigned("==", bits, _bytes(_SIGN_BIT)), V8)
-        x = _xq_run(row, o, k)
-        x = b.sub(b.xor(x, neg), neg)
         nib = b.and_(b.lshr(scales, ir.Constant(I32, 4 * k)) if k else scales, ir.Constant(I32, 15))
         sc = b.add(b.shl(nib, ir.Constant(I32, 1)), ir.Constant(I32, 1))
-        isum = b.add(isum, _madd(b, _maddubs(b, w, x), _splat16(b, sc)))
-    _accumulate(b, accs[0], isum, _token_scale(row, d, i))
+        runs.append(_Run(b.bitcast(grid, V8), _splat16(b, sc), _negate_where(neg)))
+    return _Block(runs, row.half(p))
+
+
+def _block(unpack, values_per_block: int = 256):
+    """int8_dot._row_codegen's block body: unpack block i once, then each token's products
+    (runs outer, tokens inner in x86_avx2.py's tiles; here the runs of a block are few enough
+    registers for the tile's 4 tokens to pass them)."""
+    def block(row, a, i, accs):
+        blk = unpack(row, i)
+        for t in range(row.ntok):
+            _token_dot(row, blk, i, t, values_per_block, accs)
+    return block
 
 
 def _x86_only(name: str) -> None:
@@ -272,28 +307,28 @@ def q2_k_row_dot(typingctx, row, nb, xq, xd, xs):
     """The Q2_K row (nb blocks) times one token's Q8_K activations (xq int8, xd block scales, xs
     int16 sums per 16 values), as float32."""
     _x86_only("Q2_K")
-    return types.float32(row, nb, xq, xd, xs), _row_codegen(_Q8K_ROW, 1, _q2_k_block)
+    return types.float32(row, nb, xq, xd, xs), _row_codegen(_Q8K_ROW, 1, _block(_q2_k_unpack))
 
 
 @intrinsic
 def q3_k_row_dot(typingctx, row, nb, xq, xd, xs):
     """`q2_k_row_dot` for a Q3_K row."""
     _x86_only("Q3_K")
-    return types.float32(row, nb, xq, xd, xs), _row_codegen(_Q8K_ROW, 1, _q3_k_block)
+    return types.float32(row, nb, xq, xd, xs), _row_codegen(_Q8K_ROW, 1, _block(_q3_k_unpack))
 
 
 @intrinsic
 def iq4_xs_row_dot(typingctx, row, nb, xq, xd):
     """The IQ4_XS row times one token's Q8_K activations (no sums needed: no offsets), as float32."""
     _x86_only("IQ4_XS")
-    return types.float32(row, nb, xq, xd), _row_codegen(_Q8_0_ROW, 1, _iq4_xs_block)
+    return types.float32(row, nb, xq, xd), _row_codegen(_Q8_0_ROW, 1, _block(_iq4_xs_unpack))
 
 
 @intrinsic
 def iq3_s_row_dot(typingctx, row, nb, xq, xd, grid):
     """The IQ3_S row times one token's Q8_K activations; grid: the 512 lattice rows as uint32."""
     _x86_only("IQ3_S")
-    return types.float32(row, nb, xq, xd, grid), _row_codegen(_IQ3_S_ROW, 1, _iq3_s_block)
+    return types.float32(row, nb, xq, xd, grid), _row_codegen(_IQ3_S_ROW, 1, _block(_iq3_s_unpack))
 
 
 @intrinsic
@@ -301,4 +336,51 @@ def iq4_nl_row_dot(typingctx, row, nb, xq, xd):
     """The IQ4_NL row (nb blocks of 32) times one token's Q8_0 activations (xq int8, xd f32 per
     32 values), as float32."""
     _x86_only("IQ4_NL")
-    return types.float32(row, nb, xq, xd), _row_codegen(_Q8_0_ROW, 1, _iq4_nl_block)
+    return types.float32(row, nb, xq, xd), _row_codegen(_Q8_0_ROW, 1, _block(_iq4_nl_unpack, 32))
+
+
+# Several tokens per weight block (a prefill's products): the block is unpacked once for TILE
+# tokens; token t's activations at xq[xo + t*xstride:], block scales at xd[do + t*dstride:],
+# sums at xs[so + t*sstride:], results to res[t]. One signature for the four Q8_K formats
+# (grid: IQ3_S's lattice, unused by the others; xs: unused by IQ4_XS and IQ3_S).
+TILE = WIDE_TILE  # the K formats' tile: one Q8KTokens quantization serves all of a layer's products
+_Q8K_TILE = ("row", "nb", "xq", "xo", "xstride", "xd", "do", "dstride", "xs", "so", "sstride", "res", "grid")
+_Q8_0_TILE = ("row", "nb", "xq", "xo", "xstride", "xd", "do", "dstride", "res")
+_Q8K_UNPACK = {"Q2_K": _q2_k_unpack, "Q3_K": _q3_k_unpack, "IQ4_XS": _iq4_xs_unpack, "IQ3_S": _iq3_s_unpack}
+
+
+def _q8k_tile(name: str, args):
+    _x86_only(name)
+    return types.void(*args), _row_codegen(_Q8K_TILE, TILE, _block(_Q8K_UNPACK[name]))
+
+
+@intrinsic
+def q2_k_row_dot_tile(typingctx, row, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res, grid):
+    """res[t] = the Q2_K row times token t's Q8_K activations for t < TILE."""
+    return _q8k_tile("Q2_K", (row, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res, grid))
+
+
+@intrinsic
+def q3_k_row_dot_tile(typingctx, row, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res, grid):
+    """`q2_k_row_dot_tile` for a Q3_K row."""
+    return _q8k_tile("Q3_K", (row, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res, grid))
+
+
+@intrinsic
+def iq4_xs_row_dot_tile(typingctx, row, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res, grid):
+    """`q2_k_row_dot_tile` for an IQ4_XS row."""
+    return _q8k_tile("IQ4_XS", (row, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res, grid))
+
+
+@intrinsic
+def iq3_s_row_dot_tile(typingctx, row, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res, grid):
+    """`q2_k_row_dot_tile` for an IQ3_S row."""
+    return _q8k_tile("IQ3_S", (row, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res, grid))
+
+
+@intrinsic
+def iq4_nl_row_dot_tile(typingctx, row, nb, xq, xo, xstride, xd, do, dstride, res):
+    """res[t] = the IQ4_NL row times token t's Q8_0 activations (int8) for t < TILE."""
+    _x86_only("IQ4_NL")
+    sig = types.void(row, nb, xq, xo, xstride, xd, do, dstride, res)
+    return sig, _row_codegen(_Q8_0_TILE, TILE, _block(_iq4_nl_unpack, 32))

@@ -29,7 +29,7 @@ EXPECTED = {
     T.Q6_K: ("vpmaddubsw", "vpmaddwd", "prefetcht0"),
     T.Q8_0: ("vpmaddwd", "prefetcht0"),
 }
-# the low-bit formats' decode rows (engine/quant/x86_lowbit.py): no tiles, decode only
+# the low-bit formats' decode rows and tiles (engine/quant/x86_lowbit.py, AVX2 on every level)
 LOWBIT_EXPECTED = {
     T.Q2_K: ("vpmaddubsw", "vpmaddwd", "prefetcht0"),
     T.Q3_K: ("vpmaddubsw", "vpmaddwd", "prefetcht0"),
@@ -57,6 +57,8 @@ def _compiled(qtype, tokens: int):
         plan(x[0], np.empty(rows, np.float32))
         return plan.kernel
     plan.tokens(x)
+    if qtype in K._LOWBIT_MM:
+        return K._LOWBIT_MM[qtype]
     return K._mm_q8_0_q8 if qtype == T.Q8_0 else K._mm_k_q8k
 
 
@@ -69,11 +71,12 @@ def test_integer_row_kernels_use_the_x86_dot_instructions(qtype, tokens):
     assert not missing, f"{qtype.name} x{tokens}: no {missing} in the kernel's assembly"
 
 
+@pytest.mark.parametrize("tokens", [1, 5], ids=["decode", "tile"])
 @pytest.mark.parametrize("qtype", list(LOWBIT_EXPECTED), ids=lambda t: t.name)
-def test_low_bit_decode_rows_use_the_x86_dot_instructions(qtype):
-    asm = "\n".join(asm_of(_compiled(qtype, 1)))
+def test_low_bit_kernels_use_the_x86_dot_instructions(qtype, tokens):
+    asm = "\n".join(asm_of(_compiled(qtype, tokens)))
     missing = [op for op in LOWBIT_EXPECTED[qtype] if op not in asm]
-    assert not missing, f"{qtype.name} decode: no {missing} in the kernel's assembly"
+    assert not missing, f"{qtype.name} x{tokens}: no {missing} in the kernel's assembly"
 
 
 @pytest.mark.skipif(paths.target().vector_bytes != 64, reason="numba compiling for AVX-512BW")

@@ -113,7 +113,9 @@ def test_path_chooser_names_the_paths(qtype):
     int8 = qtype in X86_INT8 and paths.target().level in paths.X86_INT8_LEVELS
     want = {"decode": "avx2-int8" if int8 else "float", "prefill": "dequantize+blas"}
     assert paths.kernel_paths([qtype]) == {qtype.name: want}
-    assert K.has_int8_kernels(qtype) == int8 and not K.has_multi_token_kernel(qtype)
+    assert K.has_int8_kernels(qtype) == int8 and K.has_multi_token_kernel(qtype) == int8
+    # a chat turn's suffix runs the integer tile (kernels.SHORT_PREFILL), a long prompt does not
+    assert K.int8_prefill_wins(qtype, 5) == int8 and not K.int8_prefill_wins(qtype, K.SHORT_PREFILL + 1)
 
 
 @x86_int8
@@ -139,6 +141,24 @@ def test_integer_decode_rows_match_the_exact_product(qtype, rows):
         ref = w @ xr
         bound = 2e-6 * (np.abs(w) @ np.abs(xr)) + 1e-30
         assert np.all(np.abs(out - ref) <= bound), np.max(np.abs(out - ref) / bound)
+
+
+@x86_int8
+@pytest.mark.parametrize("qtype", X86_INT8, ids=lambda t: t.name)
+def test_integer_tiles_match_the_exact_product(qtype):
+    # the multi-token tiles (TILE tokens per unpacked block; 67 tokens: padding to the tile)
+    rows, cols = 40, 1024
+    raw = _random_blocks(qtype, rows, cols, 10)
+    w = gq.dequantize(raw, qtype).reshape(rows, cols).astype(np.float64)
+    plan = K.MatvecPlan(qtype, raw, rows, cols)
+    for t in (2, 5, 67):
+        x = np.random.default_rng(t).standard_normal((t, cols), dtype=np.float32)
+        x[:, :256] *= 1e-3
+        got = plan.tokens(x)
+        assert got.shape == (t, rows)
+        xr = round_activations(x, qtype).astype(np.float64)
+        bound = 2e-6 * (np.abs(xr) @ np.abs(w).T) + 1e-30
+        assert np.all(np.abs(got - xr @ w.T) <= bound), (t, np.max(np.abs(got - xr @ w.T) / bound))
 
 
 @x86_int8
