@@ -814,7 +814,7 @@ def dequantize_rows_into(qtype, raw: np.ndarray, out: np.ndarray) -> None:
 # q6), Q8_0 takes Q8_0 activations (w, xq16, xd, out).
 _MATVEC_INT8 = {T.Q4_K: _mv_k_q8k, T.Q6_K: _mv_k_q8k, T.Q8_0: _mv_q8_0_q8, T.Q5_K: _mv_q5_k_q8k,
                 **_LOWBIT_MATVEC_INT8}  # x86_lowbit.py's rows: (w, xq, xd, xs16, out), IQ4_NL (w, xq, xd, out)
-_KNOBBED = {T.Q4_K, T.Q6_K, T.Q5_K}  # int8_dot's rows take (..., out, KNOBS, q6)
+_KNOBBED = {T.Q4_K, T.Q6_K, T.Q5_K} - set(_LOWBIT_MATVEC_INT8)  # int8_dot's rows take (..., out, KNOBS, q6)
 _Q8_0_INT8 = {T.Q8_0, T.IQ4_NL}  # integer rows against Q8_0 activations
 _MATVEC_INT8_SERIAL = {qt: serial_twin(k) for qt, k in _MATVEC_INT8.items()}
 _MULTI_TOKEN = {T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0, *_LOWBIT_MM}  # formats with a multi-token kernel (_mm_*)

@@ -8,13 +8,13 @@ and (x86, AVX2 and up) integer decode rows.
   / IQ3_XXS, Q8_0 for IQ4_NL: ``activations.round_activations``), the same scheme as Q5_K's
   rows. Sub-block offsets (Q2_K's mins) come out of the inner loop with per-16 sums of x.
 
-* ``_mv_*_q8`` (``MATVEC_INT8``): on x86 (every level from AVX2 up) Q2_K, Q3_K, IQ4_XS, IQ3_S
-  and IQ4_NL decode in integer arithmetic against the activations quantized as llama.cpp
+* ``_mv_*_q8`` (``MATVEC_INT8``) and ``_mm_*_q8`` (``MULTI_TOKEN_INT8``, several tokens): on x86
+  (every level from AVX2 up) Q2_K, Q3_K, IQ4_XS, IQ3_S, IQ4_NL and Q5_K multiply in integer arithmetic against the activations quantized as llama.cpp
   quantizes them (engine/quant/x86_lowbit.py); IQ3_XXS, and every format on arm64, keep the
   float rows above. engine/quant/paths.py names the path per format.
 
-No int8 tiles for these formats yet: prefill runs dequantize + BLAS on every path, and
-paths.py says "dequantize+blas" for them. See docs/formats.md.
+The tiles run prefills up to kernels.SHORT_PREFILL tokens (a chat turn's suffix); longer ones
+dequantize + BLAS, and paths.py says so. See docs/formats.md.
 
 The IQ grids and levels are module-level arrays (numba freezes them into the compiled code)
 built from the gguf package by engine/quant/lowbit.py.
@@ -25,10 +25,12 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from numba import njit, prange
 
+from . import paths
 from .kernels import _DQ, _MV, _f16_at, _group_sums, _qf, _u32_at
 from .lowbit import IQ4_LEVELS, iq_grid, ksigns
 from .x86_lowbit import (TILE, iq3_s_row_dot, iq3_s_row_dot_tile, iq4_nl_row_dot, iq4_nl_row_dot_tile, iq4_xs_row_dot,
-                         iq4_xs_row_dot_tile, q2_k_row_dot, q2_k_row_dot_tile, q3_k_row_dot, q3_k_row_dot_tile)
+                         iq4_xs_row_dot_tile, q2_k_row_dot, q2_k_row_dot_tile, q3_k_row_dot, q3_k_row_dot_tile,
+                         q5_k_row_dot, q5_k_row_dot_tile)
 
 _F32 = np.float32
 _LV = IQ4_LEVELS.astype(np.float32)
@@ -341,6 +343,13 @@ def _mv_q3_k_q8(w, xq, xd, xs16, out):
 
 
 @njit(**_MV)
+def _mv_q5_k_q8(w, xq, xd, xs16, out):
+    nb = xd.shape[0]
+    for r in prange(w.shape[0]):
+        out[r] = q5_k_row_dot(w[r], nb, xq, xd, xs16)
+
+
+@njit(**_MV)
 def _mv_iq4_xs_q8(w, xq, xd, xs16, out):
     nb = xd.shape[0]
     for r in prange(w.shape[0]):
@@ -388,8 +397,10 @@ def _tile_rows(w, xq, xd, xs16, out, kind):
                     q3_k_row_dot_tile(*args)
                 elif kind == 2:
                     iq4_xs_row_dot_tile(*args)
-                else:
+                elif kind == 3:
                     iq3_s_row_dot_tile(*args)
+                else:
+                    q5_k_row_dot_tile(*args)
                 for t in range(TILE):
                     out[t0 + t, r] = res[t]
 
@@ -415,6 +426,11 @@ def _mm_iq3_s_q8(w, xq, xd, xs16, out):
 
 
 @njit(**_MV)
+def _mm_q5_k_q8(w, xq, xd, xs16, out):
+    _tile_rows(w, xq, xd, xs16, out, 4)
+
+
+@njit(**_MV)
 def _mm_iq4_nl_q8(w, xq, xd, out):
     tp = out.shape[0]
     nb = xd.shape[0] // tp
@@ -431,3 +447,7 @@ def _mm_iq4_nl_q8(w, xq, xd, out):
 
 MULTI_TOKEN_INT8 = {T.Q2_K: _mm_q2_k_q8, T.Q3_K: _mm_q3_k_q8, T.IQ4_XS: _mm_iq4_xs_q8, T.IQ3_S: _mm_iq3_s_q8,
                     T.IQ4_NL: _mm_iq4_nl_q8}
+# Q5_K: arm64 has its own rows and tiles (arm_neon.py, in kernels.py); these on x86 only
+if paths.target().level in paths.X86_INT8_LEVELS:
+    MATVEC_INT8[T.Q5_K] = _mv_q5_k_q8
+    MULTI_TOKEN_INT8[T.Q5_K] = _mm_q5_k_q8

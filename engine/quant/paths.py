@@ -17,9 +17,10 @@ Levels (one kernel file each under engine/quant/):
 | `neon-dotprod` | Graviton2 (Neoverse N1): Armv8.2 + dotprod | `sdot` rows and tiles | `arm_neon.py` |
 | `portable` | arm64 without dot products, older x86 | float kernels, dequantize + BLAS | `kernels.py` |
 
-Q2_K, Q3_K, IQ4_XS, IQ4_NL and IQ3_S (`X86_LOWBIT_INT8`) have integer decode rows on the x86
-levels only, the same AVX2 instructions on each (`x86_lowbit.py`, named `avx2-int8`); their
-prefill, IQ3_XXS, and all of them on arm64 are float rows / dequantize + BLAS.
+Q2_K, Q3_K, Q5_K, IQ4_XS, IQ4_NL and IQ3_S (`X86_LOWBIT_INT8`) have integer decode rows and
+short-prefill tiles on the x86 levels, the same AVX2 instructions on each (`x86_lowbit.py`,
+named `avx2-int8`); their long prefills are dequantize + BLAS; IQ3_XXS, and the low-bit formats
+on arm64 (Q5_K aside: arm_neon.py), are float rows / dequantize + BLAS.
 
 `kernel_paths()` is what the init log line and the bench receipt print:
 `{"Q4_K": {"decode": "avx2-int8", "prefill": "avx512vnni-int8"}, ...}`.
@@ -53,8 +54,8 @@ X86_64_V3 = ("64bit", "cmov", "cx8", "cx16", "fxsr", "mmx", "sahf", "sse", "sse2
              "sse4.2", "crc32", "popcnt", "avx", "avx2", "bmi", "bmi2", "fma", "f16c", "lzcnt", "movbe", "xsave")
 
 INT8_FORMATS = (T.Q4_K, T.Q6_K, T.Q8_0)        # row kernels (decode) and tiles (prefill)
-# x86 decode rows only (x86_lowbit.py, every x86 level): prefill dequantizes + BLAS for them
-X86_LOWBIT_INT8 = (T.Q2_K, T.Q3_K, T.IQ4_XS, T.IQ4_NL, T.IQ3_S)
+# x86_lowbit.py's rows and short-prefill tiles (every x86 level): long prefills dequantize + BLAS
+X86_LOWBIT_INT8 = (T.Q2_K, T.Q3_K, T.IQ4_XS, T.IQ4_NL, T.IQ3_S, T.Q5_K)
 X86_INT8_LEVELS = ("avx512vnni", "avx512bw", "avxvnni", "avx2")
 ARM_INT8_FORMATS = (T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0)  # arm_neon.py's rows and tiles
 TILE_FORMATS = (T.Q4_K, T.Q6_K)                 # per-ISA tiles; Q8_0's tile is portable IR

@@ -1,6 +1,6 @@
-"""Integer decode rows for the smaller downloads' formats on x86 (AVX2 and up), in x86 intrinsics.
+"""Integer rows and tiles for the smaller downloads' formats on x86 (AVX2 and up), in x86 intrinsics.
 
-Q2_K, Q3_K, IQ4_XS and IQ3_S times Q8_K activations, IQ4_NL times Q8_0 activations (int8 +
+Q2_K, Q3_K, Q5_K (the Q3_K_M / IQ4_XS mixes' attn_v and ffn_down), IQ4_XS and IQ3_S times Q8_K activations, IQ4_NL times Q8_0 activations (int8 +
 f32 scale per 32, `activations.quantize_q8_0` into an int8 array): llama.cpp's AVX2 scheme
 (ggml-cpu/arch/x86/quants.c), one 256-bit vector per run of 32 weights, an <8 x float>
 accumulator carried across the row and one horizontal sum per row (int8_dot._row_codegen).
@@ -9,10 +9,10 @@ generic IR needed run-time knobs for that). Every x86 level from AVX2 up runs th
 256-bit rows: decode streams the weights from DRAM and a 512-bit body would wait on the same
 bytes (the Q4_K/Q6_K rows are 256-bit on AVX-512 too).
 
-* Q2_K, Q3_K: weights unsigned (Q2_K 0..3, Q3_K 0..7 after adding the high bit as +4), so
-  `vpmaddubsw` (u8 x s8 -> i16 pairs) then `vpmaddwd` by the run's 16-value scales. Q2_K's
-  mins and Q3_K's -4 offset go through the activations' int16 sums per 16 values (Q6_K's
-  -32 offset does the same in int8_dot).
+* Q2_K, Q3_K, Q5_K: weights unsigned (Q2_K 0..3, Q3_K 0..7 after adding the high bit as +4,
+  Q5_K 0..31), so `vpmaddubsw` (u8 x s8 -> i16 pairs) then `vpmaddwd` by the run's scales.
+  Q2_K's and Q5_K's mins and Q3_K's -4 offset go through the activations' int16 sums per 16
+  values (Q6_K's -32 offset does the same in int8_dot).
 * IQ4_XS, IQ4_NL: the 16 non-linear levels (gguf's kvalues) looked up with `vpshufb` from the
   nibbles; the levels are signed, so `vpsignb` moves the sign onto the activations first
   (|level| <= 127, |x| <= 127: a pair sum is at most 32258, no saturation).
@@ -32,8 +32,8 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from engine.quant.int8_dot import (F32, I8, I16, I32, I64, WIDE_TILE, _accumulate, _prefetch, _row_codegen, _vec,
-                                   x86_call)
+from engine.quant.int8_dot import (F32, I8, I16, I32, I64, WIDE_TILE, _accumulate, _prefetch, _q4_k_scales_mins,
+                                   _row_codegen, _vec, x86_call)
 from engine.quant.lowbit import IQ4_LEVELS
 
 V8 = _vec(I8, 32)
@@ -209,6 +209,28 @@ def _q3_k_unpack(row, i) -> _Block:
     return _Block(runs, d, b.mul(all16, ir.Constant(W16, [-4] * 16)))  # |-4 scale| <= 128
 
 
+def _q5_k_unpack(row, i) -> _Block:
+    # 176 bytes: d f16, dmin f16, scales 12 (Q4_K's 6-bit scales and mins), qh 32, qs 128.
+    # Run r = 2c + k (values 32r..): ((qs[32c + l] >> 4k) & 15) | ((qh[l] >> r) & 1) << 4,
+    # scale and min r
+    b = row.b
+    p = b.mul(i, _c64(176))
+    _prefetch(row, p, 176)
+    words = [row.load("row", b.add(p, _c64(k)), I32, align=1) for k in (4, 8, 12)]
+    packed = b.zext(_q4_k_scales_mins(b, *words), W16)  # lanes 0-7 scales, 8-15 mins
+    qh = row.load("row", b.add(p, _c64(16)), V8, align=1)
+    runs = []
+    for c in range(4):
+        qs = row.load("row", b.add(p, _c64(48 + 32 * c)), V8, align=1)
+        for k in range(2):
+            r = 2 * c + k
+            low = b.and_(b.lshr(qs, _bytes(4)) if k else qs, _bytes(15))
+            high = b.and_(b.lshr(qh, _bytes(r)) if r else qh, _bytes(1))
+            runs.append(_Run(b.or_(low, b.shl(high, _bytes(4))), _lane_splat(b, packed, [r] * 16)))
+    mins = _lane_splat(b, packed, [8 + k // 2 for k in range(16)])  # min r against sums 2r, 2r + 1
+    return _Block(runs, row.half(p), mins, row.half(b.add(p, _c64(2))))
+
+
 def _splat_i32(b, v):
     one = b.insert_element(ir.Constant(D32, ir.Undefined), v, ir.Constant(I32, 0))
     return b.shuffle_vector(one, ir.Constant(D32, ir.Undefined), ir.Constant(D32, [0] * 8))
@@ -318,6 +340,13 @@ def q3_k_row_dot(typingctx, row, nb, xq, xd, xs):
 
 
 @intrinsic
+def q5_k_row_dot(typingctx, row, nb, xq, xd, xs):
+    """`q2_k_row_dot` for a Q5_K row (x86; arm64 has arm_neon.py's)."""
+    _x86_only("Q5_K")
+    return types.float32(row, nb, xq, xd, xs), _row_codegen(_Q8K_ROW, 1, _block(_q5_k_unpack))
+
+
+@intrinsic
 def iq4_xs_row_dot(typingctx, row, nb, xq, xd):
     """The IQ4_XS row times one token's Q8_K activations (no sums needed: no offsets), as float32."""
     _x86_only("IQ4_XS")
@@ -346,7 +375,8 @@ def iq4_nl_row_dot(typingctx, row, nb, xq, xd):
 TILE = WIDE_TILE  # the K formats' tile: one Q8KTokens quantization serves all of a layer's products
 _Q8K_TILE = ("row", "nb", "xq", "xo", "xstride", "xd", "do", "dstride", "xs", "so", "sstride", "res", "grid")
 _Q8_0_TILE = ("row", "nb", "xq", "xo", "xstride", "xd", "do", "dstride", "res")
-_Q8K_UNPACK = {"Q2_K": _q2_k_unpack, "Q3_K": _q3_k_unpack, "IQ4_XS": _iq4_xs_unpack, "IQ3_S": _iq3_s_unpack}
+_Q8K_UNPACK = {"Q2_K": _q2_k_unpack, "Q3_K": _q3_k_unpack, "IQ4_XS": _iq4_xs_unpack, "IQ3_S": _iq3_s_unpack,
+               "Q5_K": _q5_k_unpack}
 
 
 def _q8k_tile(name: str, args):
@@ -364,6 +394,12 @@ def q2_k_row_dot_tile(typingctx, row, nb, xq, xo, xstride, xd, do, dstride, xs, 
 def q3_k_row_dot_tile(typingctx, row, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res, grid):
     """`q2_k_row_dot_tile` for a Q3_K row."""
     return _q8k_tile("Q3_K", (row, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res, grid))
+
+
+@intrinsic
+def q5_k_row_dot_tile(typingctx, row, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res, grid):
+    """`q2_k_row_dot_tile` for a Q5_K row."""
+    return _q8k_tile("Q5_K", (row, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res, grid))
 
 
 @intrinsic

@@ -33,6 +33,7 @@ EXPECTED = {
 LOWBIT_EXPECTED = {
     T.Q2_K: ("vpmaddubsw", "vpmaddwd", "prefetcht0"),
     T.Q3_K: ("vpmaddubsw", "vpmaddwd", "prefetcht0"),
+    T.Q5_K: ("vpmaddubsw", "vpmaddwd", "prefetcht0"),
     T.IQ4_XS: ("vpshufb", "vpsignb", "vpmaddubsw", "vpmaddwd", "prefetcht0"),
     T.IQ4_NL: ("vpshufb", "vpsignb", "vpmaddubsw", "vpmaddwd", "prefetcht0"),
     T.IQ3_S: ("vpshufb", "vpmaddubsw", "vpmaddwd", "prefetcht0"),
