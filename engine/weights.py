@@ -1,10 +1,11 @@
 """A weight matrix in its stored format and the one way the model multiplies by it.
 
 `Linear(x)` with x of shape (T, in): T == 1 runs the quantized matrix-vector kernel (decode
-reads each weight byte once; Q4_K/Q6_K/Q8_0 in int8 arithmetic on x86_64). T > 1 of Q4_K/Q6_K
+reads each weight byte once; Q4_K/Q5_K/Q6_K/Q8_0 and the low-bit Q2_K/Q3_K/IQ4_XS/IQ4_NL/IQ3_S
+in int8 arithmetic on x86_64, engine/quant/paths.py). T > 1 of Q4_K/Q6_K
 on an AVX-512 host runs the multi-token int8 kernel at every length (512-bit
 `pmaddubsw`/`pmaddwd` tiles, faster than dequantize + fp32 BLAS from T = 2 to 512 and beyond,
-`kernels.has_int8_prefill`); a short T (a chat turn's suffix) of Q4_K/Q6_K/Q8_0 elsewhere on
+`kernels.has_int8_prefill`); a short T (a chat turn's suffix) of those formats elsewhere on
 x86_64 runs it too; otherwise the whole matrix is dequantized into a reused f32 buffer and
 BLAS does `X @ W.T` (the other formats, longer prompts, and arm64, where the integer kernels
 do not run).
