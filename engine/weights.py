@@ -105,9 +105,9 @@ class Linear:
             self._matvec_plan()(x[0], out[0])  # rounds the activations as llama.cpp does
             return out
         # ask before building the plan: for other formats it would prepare decode-only scales
-        if self._int8_prefill and self.qtype != GGMLQuantizationType.Q8_0:
+        if self._int8_prefill and activation_format(self.qtype) == "q8_k":
             return self._matvec_plan().tokens_q8k(self._scratch.q8k_tokens(x))
-        if self._int8_prefill:  # Q8_0 on arm64 (kernels.has_int8_prefill): its own activations
+        if self._int8_prefill:  # Q8_0 on arm64, IQ4_NL (kernels.has_int8_prefill): Q8_0 activations
             return self._matvec_plan().tokens(x)
         if x.shape[0] <= SHORT_PREFILL and self._multi_token:
             return self._matvec_plan().tokens(x)

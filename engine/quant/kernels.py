@@ -883,10 +883,18 @@ def _tiles_win_at_every_length() -> bool:
 SHORT_PREFILL = 64
 
 
+# The low-bit formats' 256-bit tiles (x86_lowbit.py) against dequantize + BLAS at 512 tokens,
+# whole forwards of the 0.8B IQ4_XS file, 2 threads, Zen 5, separate processes alternating, best
+# of 2 each, on the shared host at load average 15-17: tiles 20.73 and 13.90 tok/s, dequantize +
+# BLAS 13.63 and 12.81. Their dequantization is costlier than Q4_K's (lookups, lattices), which
+# a prompt pays per matrix; not measured on Intel, so there they keep the Q4_K rule (<= 64 tokens).
+_LOWBIT_TILES = frozenset(_LOWBIT_MM)
+
+
 def has_int8_prefill(qtype) -> bool:
     """Whether a batched prefill of any length multiplies `qtype` in the multi-token int8 kernel
     rather than dequantize + fp32 BLAS (`_tiles_win_at_every_length`)."""
-    formats = _MULTI_TOKEN if paths.target().level in paths.ARM_LEVELS else (T.Q4_K, T.Q6_K)
+    formats = _MULTI_TOKEN if paths.target().level in paths.ARM_LEVELS else (T.Q4_K, T.Q6_K, *_LOWBIT_TILES)
     return get_format(qtype).qtype in formats and has_multi_token_kernel(qtype) and _tiles_win_at_every_length()
 
 

@@ -19,7 +19,8 @@ Levels (one kernel file each under engine/quant/):
 
 Q2_K, Q3_K, Q5_K, IQ4_XS, IQ4_NL and IQ3_S (`X86_LOWBIT_INT8`) have integer decode rows and
 short-prefill tiles on the x86 levels, the same AVX2 instructions on each (`x86_lowbit.py`,
-named `avx2-int8`); their long prefills are dequantize + BLAS; IQ3_XXS, and the low-bit formats
+named `avx2-int8`); their long prefills run the tiles where Q4_K's do (Zen with AVX-512),
+else dequantize + BLAS; IQ3_XXS, and the low-bit formats
 on arm64 (Q5_K aside: arm_neon.py), are float rows / dequantize + BLAS.
 
 `kernel_paths()` is what the init log line and the bench receipt print:
@@ -146,6 +147,8 @@ def tile_level(qtype) -> str:
         from engine.quant import arm_neon
 
         return level if T(qtype) in arm_neon.SMMLA_FORMATS else "neon-dotprod"
+    if level in X86_INT8_LEVELS and T(qtype) in X86_LOWBIT_INT8:
+        return "avx2"  # x86_lowbit.py's tiles: AVX2 instructions on every x86 level
     return level
 
 

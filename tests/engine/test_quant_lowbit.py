@@ -112,11 +112,13 @@ def test_path_chooser_names_the_paths(qtype):
     # integer decode rows on x86 (AVX2 instructions on every level) for five of the formats;
     # IQ3_XXS and every format on arm64 decode with float rows; prefill is dequantize + BLAS
     int8 = qtype in X86_INT8 and paths.target().level in paths.X86_INT8_LEVELS
-    want = {"decode": "avx2-int8" if int8 else "float", "prefill": "dequantize+blas"}
+    # long prompts: the tiles where Q4_K's take every length (Zen with AVX-512), else BLAS
+    long = int8 and K._tiles_win_at_every_length()
+    want = {"decode": "avx2-int8" if int8 else "float", "prefill": "avx2-int8" if long else "dequantize+blas"}
     assert paths.kernel_paths([qtype]) == {qtype.name: want}
     assert K.has_int8_kernels(qtype) == int8 and K.has_multi_token_kernel(qtype) == int8
-    # a chat turn's suffix runs the integer tile (kernels.SHORT_PREFILL), a long prompt does not
-    assert K.int8_prefill_wins(qtype, 5) == int8 and not K.int8_prefill_wins(qtype, K.SHORT_PREFILL + 1)
+    # a chat turn's suffix runs the integer tile (kernels.SHORT_PREFILL) on every x86 level
+    assert K.int8_prefill_wins(qtype, 5) == int8 and K.int8_prefill_wins(qtype, K.SHORT_PREFILL + 1) == long
 
 
 @x86_int8
