@@ -885,8 +885,8 @@ SHORT_PREFILL = 64
 
 # The low-bit formats' 256-bit tiles (x86_lowbit.py) against dequantize + BLAS at 512 tokens,
 # whole forwards of the 0.8B IQ4_XS file, 2 threads, Zen 5, separate processes alternating, best
-# of 2 each, on the shared host at load average 15-17: tiles 20.73 and 13.90 tok/s, dequantize +
-# BLAS 13.63 and 12.81. Their dequantization is costlier than Q4_K's (lookups, lattices), which
+# of 2 each, on the shared host: at load average 15-17 tiles 20.73 and 13.90 tok/s, dequantize +
+# BLAS 13.63 and 12.81; at load average 3.4-5 tiles 85.48 and 70.27, dequantize + BLAS 46.67 and 47.0. Their dequantization is costlier than Q4_K's (lookups, lattices), which
 # a prompt pays per matrix; not measured on Intel, so there they keep the Q4_K rule (<= 64 tokens).
 _LOWBIT_TILES = frozenset(_LOWBIT_MM)
 
