@@ -1,10 +1,11 @@
 """A weight matrix in its stored format and the one way the model multiplies by it.
 
 `Linear(x)` with x of shape (T, in): T == 1 runs the quantized matrix-vector kernel (decode
-reads each weight byte once; Q4_K/Q6_K/Q8_0 in int8 arithmetic on x86_64). T > 1 of Q4_K/Q6_K
+reads each weight byte once; Q4_K/Q5_K/Q6_K/Q8_0 and the low-bit Q2_K/Q3_K/IQ4_XS/IQ4_NL/IQ3_S
+in int8 arithmetic on x86_64, engine/quant/paths.py). T > 1 of Q4_K/Q6_K
 on an AVX-512 host runs the multi-token int8 kernel at every length (512-bit
 `pmaddubsw`/`pmaddwd` tiles, faster than dequantize + fp32 BLAS from T = 2 to 512 and beyond,
-`kernels.has_int8_prefill`); a short T (a chat turn's suffix) of Q4_K/Q6_K/Q8_0 elsewhere on
+`kernels.has_int8_prefill`); a short T (a chat turn's suffix) of those formats elsewhere on
 x86_64 runs it too; otherwise the whole matrix is dequantized into a reused f32 buffer and
 BLAS does `X @ W.T` (the other formats, longer prompts, and arm64, where the integer kernels
 do not run).
@@ -99,9 +100,9 @@ class Linear:
             self._matvec_plan()(x[0], out[0])  # rounds the activations as llama.cpp does
             return out
         # ask before building the plan: for other formats it would prepare decode-only scales
-        if self._int8_prefill and self.qtype != GGMLQuantizationType.Q8_0:
+        if self._int8_prefill and activation_format(self.qtype) == "q8_k":
             return self._matvec_plan().tokens_q8k(self._scratch.q8k_tokens(x))
-        if self._int8_prefill:  # Q8_0 on arm64 (kernels.has_int8_prefill): its own activations
+        if self._int8_prefill:  # Q8_0 on arm64, IQ4_NL (kernels.has_int8_prefill): Q8_0 activations
             return self._matvec_plan().tokens(x)
         if x.shape[0] <= SHORT_PREFILL and self._multi_token:
             return self._matvec_plan().tokens(x)

@@ -758,6 +758,7 @@ _MATVEC = {
 }
 # The smaller downloads' formats (Q2_K, Q3_K, IQ4_NL, IQ4_XS, IQ3_S, IQ3_XXS): engine/quant/lowbit_kernels.py
 from .lowbit_kernels import DEQUANT as _LOWBIT_DEQUANT, MATVEC as _LOWBIT_MATVEC  # noqa: E402
+from .lowbit_kernels import MATVEC_INT8 as _LOWBIT_MATVEC_INT8, MULTI_TOKEN_INT8 as _LOWBIT_MM  # noqa: E402
 
 _DEQUANT.update(_LOWBIT_DEQUANT)
 _MATVEC.update(_LOWBIT_MATVEC)
@@ -811,9 +812,12 @@ def dequantize_rows_into(qtype, raw: np.ndarray, out: np.ndarray) -> None:
 
 # Integer matrix-vector kernels: K formats take Q8_K activations (w, xq, xd, xs16, out, knobs,
 # q6), Q8_0 takes Q8_0 activations (w, xq16, xd, out).
-_MATVEC_INT8 = {T.Q4_K: _mv_k_q8k, T.Q6_K: _mv_k_q8k, T.Q8_0: _mv_q8_0_q8, T.Q5_K: _mv_q5_k_q8k}
+_MATVEC_INT8 = {T.Q4_K: _mv_k_q8k, T.Q6_K: _mv_k_q8k, T.Q8_0: _mv_q8_0_q8, T.Q5_K: _mv_q5_k_q8k,
+                **_LOWBIT_MATVEC_INT8}  # x86_lowbit.py's rows: (w, xq, xd, xs16, out), IQ4_NL (w, xq, xd, out)
+_KNOBBED = {T.Q4_K, T.Q6_K, T.Q5_K} - set(_LOWBIT_MATVEC_INT8)  # int8_dot's rows take (..., out, KNOBS, q6)
+_Q8_0_INT8 = {T.Q8_0, T.IQ4_NL}  # integer rows against Q8_0 activations
 _MATVEC_INT8_SERIAL = {qt: serial_twin(k) for qt, k in _MATVEC_INT8.items()}
-_MULTI_TOKEN = {T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0}  # formats with a multi-token kernel (_mm_*)
+_MULTI_TOKEN = {T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0, *_LOWBIT_MM}  # formats with a multi-token kernel (_mm_*)
 _PORTABLE_INT8 = {T.Q4_K, T.Q6_K, T.Q8_0}  # int8_dot.py's generic IR (Q5_K: arm_neon.py only)
 
 
@@ -879,10 +883,18 @@ def _tiles_win_at_every_length() -> bool:
 SHORT_PREFILL = 64
 
 
+# The low-bit formats' 256-bit tiles (x86_lowbit.py) against dequantize + BLAS at 512 tokens,
+# whole forwards of the 0.8B IQ4_XS file, 2 threads, Zen 5, separate processes alternating, best
+# of 2 each, on the shared host: at load average 15-17 tiles 20.73 and 13.90 tok/s, dequantize +
+# BLAS 13.63 and 12.81; at load average 3.4-5 tiles 85.48 and 70.27, dequantize + BLAS 46.67 and 47.0. Their dequantization is costlier than Q4_K's (lookups, lattices), which
+# a prompt pays per matrix; not measured on Intel, so there they keep the Q4_K rule (<= 64 tokens).
+_LOWBIT_TILES = frozenset(_LOWBIT_MM)
+
+
 def has_int8_prefill(qtype) -> bool:
     """Whether a batched prefill of any length multiplies `qtype` in the multi-token int8 kernel
     rather than dequantize + fp32 BLAS (`_tiles_win_at_every_length`)."""
-    formats = _MULTI_TOKEN if paths.target().level in paths.ARM_LEVELS else (T.Q4_K, T.Q6_K)
+    formats = _MULTI_TOKEN if paths.target().level in paths.ARM_LEVELS else (T.Q4_K, T.Q6_K, *_LOWBIT_TILES)
     return get_format(qtype).qtype in formats and has_multi_token_kernel(qtype) and _tiles_win_at_every_length()
 
 
@@ -903,14 +915,16 @@ class MatvecPlan:
         self.int8 = has_int8_kernels(qt)
         if self.int8:
             self.kernel = (_MATVEC_INT8_SERIAL if small else _MATVEC_INT8)[qt]
-            if qt == T.Q8_0:
-                self.xq = np.empty(cols, _q8_0_activations())
+            if qt in _Q8_0_INT8:
+                # IQ4_NL's rows (x86_lowbit.py) take the int8 values; Q8_0's x86 row int16
+                self.xq = np.empty(cols, _q8_0_activations() if qt == T.Q8_0 else np.int8)
                 self.xd = np.empty(cols // 32, np.float32)
             else:
                 self.xq = np.empty(cols, np.int8)
                 self.xd = np.empty(cols // 256, np.float32)
                 self.xs16 = np.empty(cols // 16, np.int16)
             self.prepared = None
+            self.args: tuple = (KNOBS, qt == T.Q6_K) if qt in _KNOBBED else ()
         else:
             self.kernel = (_MATVEC_SERIAL if small else _MATVEC)[qt]
             self.prepared = prepare(qt, self.w, rows, cols) if qt in _PREPARED else None
@@ -922,7 +936,7 @@ class MatvecPlan:
         `has_multi_token_kernel`."""
         if not has_multi_token_kernel(self.qtype):
             raise ValueError(f"{self.qtype.name}: no multi-token integer kernel on {platform.machine()}")
-        if self.qtype != T.Q8_0:
+        if self.qtype not in _Q8_0_INT8:
             return self.tokens_q8k(quantize_q8_k_tokens(x, WIDE_TILE))
         t = x.shape[0]
         tp = -(-t // TILE) * TILE
@@ -931,10 +945,13 @@ class MatvecPlan:
         out = np.empty((tp, self.rows), np.float32)
         # padding tokens stay zero (their results are dropped); blocks never straddle tokens
         # (cols is a multiple of the block), so all tokens quantize in one call
-        xq16 = np.zeros(tp * cols, _q8_0_activations())
+        xq16 = np.zeros(tp * cols, _q8_0_activations() if self.qtype == T.Q8_0 else np.int8)
         xd = np.zeros(tp * cols // 32, np.float32)
         quantize_q8_0(flat, xq16[:t * cols], xd[:t * cols // 32])
-        (_mm_q8_0_smmla if paths.tile_level(T.Q8_0) == "neon-i8mm" else _mm_q8_0_q8)(self.w, xq16, xd, out)
+        if self.qtype == T.IQ4_NL:
+            _LOWBIT_MM[T.IQ4_NL](self.w, xq16, xd, out)
+        else:
+            (_mm_q8_0_smmla if paths.tile_level(T.Q8_0) == "neon-i8mm" else _mm_q8_0_q8)(self.w, xq16, xd, out)
         return out[:t]
 
     def tokens_q8k(self, a: Q8KTokens) -> np.ndarray:
@@ -945,6 +962,9 @@ class MatvecPlan:
                              f"{a.padded} tokens; this matrix takes {self.cols} per token, padded to a "
                              f"multiple of {WIDE_TILE}")
         out = np.empty((a.padded, self.rows), np.float32)
+        if self.qtype in _LOWBIT_MM:  # x86_lowbit.py's tiles: offsets and mins inside
+            _LOWBIT_MM[self.qtype](self.w, a.q, a.d, a.sums16, out)
+            return out[:a.tokens]
         q6 = self.qtype == T.Q6_K
         if not q6:
             # sum over blocks b and runs j of (dmin_b m_bj) (d_b^x sums_bj^x): 1/32 of the
@@ -962,13 +982,13 @@ class MatvecPlan:
         return out[:a.tokens]
 
     def __call__(self, x: np.ndarray, out: np.ndarray) -> None:
-        if self.int8 and self.qtype == T.Q8_0:
+        if self.int8 and self.qtype in _Q8_0_INT8:
             quantize_q8_0(x, self.xq, self.xd)
             self.kernel(self.w, self.xq, self.xd, out)
             return
         if self.int8:
             quantize_q8_k(x, self.xq, self.xd, self.xs16)
-            self.kernel(self.w, self.xq, self.xd, self.xs16, out, KNOBS, self.qtype == T.Q6_K)
+            self.kernel(self.w, self.xq, self.xd, self.xs16, out, *self.args)
             return
         x = round_activations(x, self.qtype)
         if self.prepared is None:

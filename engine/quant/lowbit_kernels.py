@@ -1,4 +1,5 @@
-"""numba kernels for the formats of engine/quant/lowbit.py: exact decode rows and float decode rows.
+"""numba kernels for the formats of engine/quant/lowbit.py: exact decode rows, float decode rows,
+and (x86, AVX2 and up) integer decode rows.
 
 * ``_dq_*`` decode a matrix into f32 (prefill: dequantize + BLAS), ``fastmath=False`` so the
   bytes come out bit-identical to :mod:`engine.quant.lowbit` (and therefore ``gguf.quants``).
@@ -7,12 +8,13 @@
   / IQ3_XXS, Q8_0 for IQ4_NL: ``activations.round_activations``), the same scheme as Q5_K's
   rows. Sub-block offsets (Q2_K's mins) come out of the inner loop with per-16 sums of x.
 
-No int8 tiles for these formats yet: every path (x86 levels and arm64) runs these rows for
-decode and dequantize + BLAS for prefill, and engine/quant/paths.py says "float" /
-"dequantize+blas" for them. Why: their weights are 2-3.4 bits looked up through scale nibbles,
-grids and sign masks; an int8 tile would first expand each block to int8 (what the decode rows
-do in registers), which is the same unpack the dequantize does once per matrix for a whole
-prompt, and BLAS then runs at its fp32 peak. See docs/formats.md.
+* ``_mv_*_q8`` (``MATVEC_INT8``) and ``_mm_*_q8`` (``MULTI_TOKEN_INT8``, several tokens): on x86
+  (every level from AVX2 up) Q2_K, Q3_K, IQ4_XS, IQ3_S, IQ4_NL and Q5_K multiply in integer arithmetic against the activations quantized as llama.cpp
+  quantizes them (engine/quant/x86_lowbit.py); IQ3_XXS, and every format on arm64, keep the
+  float rows above. engine/quant/paths.py names the path per format.
+
+The tiles run prefills up to kernels.SHORT_PREFILL tokens (a chat turn's suffix); longer ones
+dequantize + BLAS, and paths.py says so. See docs/formats.md.
 
 The IQ grids and levels are module-level arrays (numba freezes them into the compiled code)
 built from the gguf package by engine/quant/lowbit.py.
@@ -23,14 +25,20 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from numba import njit, prange
 
+from . import paths
 from .kernels import _DQ, _MV, _f16_at, _group_sums, _qf, _u32_at
 from .lowbit import IQ4_LEVELS, iq_grid, ksigns
+from .x86_lowbit import (TILE, iq3_s_row_dot, iq3_s_row_dot_tile, iq4_nl_row_dot, iq4_nl_row_dot_tile, iq4_xs_row_dot,
+                         iq4_xs_row_dot_tile, q2_k_row_dot, q2_k_row_dot_tile, q3_k_row_dot, q3_k_row_dot_tile,
+                         q5_k_row_dot, q5_k_row_dot_tile)
 
 _F32 = np.float32
 _LV = IQ4_LEVELS.astype(np.float32)
 _G3S = np.ascontiguousarray(iq_grid(T.IQ3_S)).copy()
 _G3XXS = np.ascontiguousarray(iq_grid(T.IQ3_XXS)).copy()
 _KS = ksigns().copy()
+# the IQ3_S lattice rows as one little-endian uint32 each (the integer rows load a row at a time)
+_G3S_U32 = np.ascontiguousarray(_G3S).view("<u4").reshape(-1).copy()
 
 
 # ----------------------------------------------------------------------------- Q2_K (84 bytes)
@@ -314,3 +322,132 @@ DEQUANT = {T.Q2_K: _dq_q2_k, T.Q3_K: _dq_q3_k, T.IQ4_NL: _dq_iq4_nl, T.IQ4_XS: _
            T.IQ3_S: _dq_iq3_s, T.IQ3_XXS: _dq_iq3_xxs}
 MATVEC = {T.Q2_K: _mv_q2_k, T.Q3_K: _mv_q3_k, T.IQ4_NL: _mv_iq4_nl, T.IQ4_XS: _mv_iq4_xs,
           T.IQ3_S: _mv_iq3_s, T.IQ3_XXS: _mv_iq3_xxs}
+
+
+# ----------------------------------------------------------------------------- integer rows (x86)
+# (w, xq, xd, xs16, out) like kernels._mv_k_q8k without its knobs; IQ4_NL takes Q8_0 activations
+# (w, xq int8, xd f32 per 32, out). The format is one kernel each: a plan compiles only its own.
+
+@njit(**_MV)
+def _mv_q2_k_q8(w, xq, xd, xs16, out):
+    nb = xd.shape[0]
+    for r in prange(w.shape[0]):
+        out[r] = q2_k_row_dot(w[r], nb, xq, xd, xs16)
+
+
+@njit(**_MV)
+def _mv_q3_k_q8(w, xq, xd, xs16, out):
+    nb = xd.shape[0]
+    for r in prange(w.shape[0]):
+        out[r] = q3_k_row_dot(w[r], nb, xq, xd, xs16)
+
+
+@njit(**_MV)
+def _mv_q5_k_q8(w, xq, xd, xs16, out):
+    nb = xd.shape[0]
+    for r in prange(w.shape[0]):
+        out[r] = q5_k_row_dot(w[r], nb, xq, xd, xs16)
+
+
+@njit(**_MV)
+def _mv_iq4_xs_q8(w, xq, xd, xs16, out):
+    nb = xd.shape[0]
+    for r in prange(w.shape[0]):
+        out[r] = iq4_xs_row_dot(w[r], nb, xq, xd)
+
+
+@njit(**_MV)
+def _mv_iq3_s_q8(w, xq, xd, xs16, out):
+    nb = xd.shape[0]
+    for r in prange(w.shape[0]):
+        out[r] = iq3_s_row_dot(w[r], nb, xq, xd, _G3S_U32)
+
+
+@njit(**_MV)
+def _mv_iq4_nl_q8(w, xq, xd, out):
+    nb = xd.shape[0]
+    for r in prange(w.shape[0]):
+        out[r] = iq4_nl_row_dot(w[r], nb, xq, xd)
+
+
+MATVEC_INT8 = {T.Q2_K: _mv_q2_k_q8, T.Q3_K: _mv_q3_k_q8, T.IQ4_XS: _mv_iq4_xs_q8, T.IQ3_S: _mv_iq3_s_q8,
+               T.IQ4_NL: _mv_iq4_nl_q8}
+
+
+# Several tokens (x86_lowbit's tiles, TILE tokens per weight block): xq (Tp*cols) int8, xd
+# (Tp*nb) f32, xs16 (Tp*cols/16) int16, Tp a multiple of TILE (padding tokens are zeros), out
+# (Tp, rows); rows in chunks of 16 so the tile's activations stay in L1 (kernels._mm_k_q8k).
+_ROW_CHUNK = 16
+
+
+@njit(inline="always", cache=True)
+def _tile_rows(w, xq, xd, xs16, out, kind):
+    tp = out.shape[0]
+    nb = xd.shape[0] // tp
+    cols = nb * 256
+    rows = w.shape[0]
+    for c in prange((rows + _ROW_CHUNK - 1) // _ROW_CHUNK):
+        res = np.empty(TILE, np.float32)
+        for t0 in range(0, tp, TILE):
+            for r in range(c * _ROW_CHUNK, min(rows, (c + 1) * _ROW_CHUNK)):
+                args = (w[r], nb, xq, t0 * cols, cols, xd, t0 * nb, nb, xs16, t0 * cols // 16, cols // 16, res, _G3S_U32)
+                if kind == 0:
+                    q2_k_row_dot_tile(*args)
+                elif kind == 1:
+                    q3_k_row_dot_tile(*args)
+                elif kind == 2:
+                    iq4_xs_row_dot_tile(*args)
+                elif kind == 3:
+                    iq3_s_row_dot_tile(*args)
+                else:
+                    q5_k_row_dot_tile(*args)
+                for t in range(TILE):
+                    out[t0 + t, r] = res[t]
+
+
+@njit(**_MV)
+def _mm_q2_k_q8(w, xq, xd, xs16, out):
+    _tile_rows(w, xq, xd, xs16, out, 0)
+
+
+@njit(**_MV)
+def _mm_q3_k_q8(w, xq, xd, xs16, out):
+    _tile_rows(w, xq, xd, xs16, out, 1)
+
+
+@njit(**_MV)
+def _mm_iq4_xs_q8(w, xq, xd, xs16, out):
+    _tile_rows(w, xq, xd, xs16, out, 2)
+
+
+@njit(**_MV)
+def _mm_iq3_s_q8(w, xq, xd, xs16, out):
+    _tile_rows(w, xq, xd, xs16, out, 3)
+
+
+@njit(**_MV)
+def _mm_q5_k_q8(w, xq, xd, xs16, out):
+    _tile_rows(w, xq, xd, xs16, out, 4)
+
+
+@njit(**_MV)
+def _mm_iq4_nl_q8(w, xq, xd, out):
+    tp = out.shape[0]
+    nb = xd.shape[0] // tp
+    cols = nb * 32
+    rows = w.shape[0]
+    for c in prange((rows + _ROW_CHUNK - 1) // _ROW_CHUNK):
+        res = np.empty(TILE, np.float32)
+        for t0 in range(0, tp, TILE):
+            for r in range(c * _ROW_CHUNK, min(rows, (c + 1) * _ROW_CHUNK)):
+                iq4_nl_row_dot_tile(w[r], nb, xq, t0 * cols, cols, xd, t0 * nb, nb, res)
+                for t in range(TILE):
+                    out[t0 + t, r] = res[t]
+
+
+MULTI_TOKEN_INT8 = {T.Q2_K: _mm_q2_k_q8, T.Q3_K: _mm_q3_k_q8, T.IQ4_XS: _mm_iq4_xs_q8, T.IQ3_S: _mm_iq3_s_q8,
+                    T.IQ4_NL: _mm_iq4_nl_q8}
+# Q5_K: arm64 has its own rows and tiles (arm_neon.py, in kernels.py); these on x86 only
+if paths.target().level in paths.X86_INT8_LEVELS:
+    MATVEC_INT8[T.Q5_K] = _mv_q5_k_q8
+    MULTI_TOKEN_INT8[T.Q5_K] = _mm_q5_k_q8

@@ -17,6 +17,12 @@ Levels (one kernel file each under engine/quant/):
 | `neon-dotprod` | Graviton2 (Neoverse N1): Armv8.2 + dotprod | `sdot` rows and tiles | `arm_neon.py` |
 | `portable` | arm64 without dot products, older x86 | float kernels, dequantize + BLAS | `kernels.py` |
 
+Q2_K, Q3_K, Q5_K, IQ4_XS, IQ4_NL and IQ3_S (`X86_LOWBIT_INT8`) have integer decode rows and
+short-prefill tiles on the x86 levels, the same AVX2 instructions on each (`x86_lowbit.py`,
+named `avx2-int8`); their long prefills run the tiles where Q4_K's do (Zen with AVX-512),
+else dequantize + BLAS; IQ3_XXS, and the low-bit formats
+on arm64 (Q5_K aside: arm_neon.py), are float rows / dequantize + BLAS.
+
 `kernel_paths()` is what the init log line and the bench receipt print:
 `{"Q4_K": {"decode": "avx2-int8", "prefill": "avx512vnni-int8"}, ...}`.
 """
@@ -49,6 +55,9 @@ X86_64_V3 = ("64bit", "cmov", "cx8", "cx16", "fxsr", "mmx", "sahf", "sse", "sse2
              "sse4.2", "crc32", "popcnt", "avx", "avx2", "bmi", "bmi2", "fma", "f16c", "lzcnt", "movbe", "xsave")
 
 INT8_FORMATS = (T.Q4_K, T.Q6_K, T.Q8_0)        # row kernels (decode) and tiles (prefill)
+# x86_lowbit.py's rows and short-prefill tiles (every x86 level): long prefills dequantize + BLAS
+X86_LOWBIT_INT8 = (T.Q2_K, T.Q3_K, T.IQ4_XS, T.IQ4_NL, T.IQ3_S, T.Q5_K)
+X86_INT8_LEVELS = ("avx512vnni", "avx512bw", "avxvnni", "avx2")
 ARM_INT8_FORMATS = (T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0)  # arm_neon.py's rows and tiles
 TILE_FORMATS = (T.Q4_K, T.Q6_K)                 # per-ISA tiles; Q8_0's tile is portable IR
 
@@ -112,16 +121,22 @@ def target() -> Target:
 
 
 def has_int8(qtype) -> bool:
-    """Whether `qtype`'s products run in integer arithmetic here (decode rows and tiles)."""
+    """Whether `qtype`'s products run in integer arithmetic here: decode rows, and the tiles of
+    the formats that have them (X86_LOWBIT_INT8: decode rows only)."""
     level = target().level
-    return T(qtype) in (ARM_INT8_FORMATS if level in ARM_LEVELS else INT8_FORMATS) and level != "portable"
+    formats = ARM_INT8_FORMATS if level in ARM_LEVELS else INT8_FORMATS + X86_LOWBIT_INT8
+    return T(qtype) in formats and level != "portable"
 
 
 def decode_path(qtype) -> str:
     if not has_int8(qtype):
         return "float"
     # arm64's decode rows are `sdot` on every level that has them (smmla needs two tokens)
-    return "neon-dotprod-int8" if target().level in ARM_LEVELS else f"{target().level}-int8"
+    if target().level in ARM_LEVELS:
+        return "neon-dotprod-int8"
+    # x86_lowbit.py's rows are AVX2 instructions on every x86 level (256-bit: decode is bound by
+    # the weight stream, not the multiplies)
+    return "avx2-int8" if T(qtype) in X86_LOWBIT_INT8 else f"{target().level}-int8"
 
 
 def tile_level(qtype) -> str:
@@ -132,6 +147,8 @@ def tile_level(qtype) -> str:
         from engine.quant import arm_neon
 
         return level if T(qtype) in arm_neon.SMMLA_FORMATS else "neon-dotprod"
+    if level in X86_INT8_LEVELS and T(qtype) in X86_LOWBIT_INT8:
+        return "avx2"  # x86_lowbit.py's tiles: AVX2 instructions on every x86 level
     return level
 
 

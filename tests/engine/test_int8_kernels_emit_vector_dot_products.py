@@ -29,6 +29,15 @@ EXPECTED = {
     T.Q6_K: ("vpmaddubsw", "vpmaddwd", "prefetcht0"),
     T.Q8_0: ("vpmaddwd", "prefetcht0"),
 }
+# the low-bit formats' decode rows and tiles (engine/quant/x86_lowbit.py, AVX2 on every level)
+LOWBIT_EXPECTED = {
+    T.Q2_K: ("vpmaddubsw", "vpmaddwd", "prefetcht0"),
+    T.Q3_K: ("vpmaddubsw", "vpmaddwd", "prefetcht0"),
+    T.Q5_K: ("vpmaddubsw", "vpmaddwd", "prefetcht0"),
+    T.IQ4_XS: ("vpshufb", "vpsignb", "vpmaddubsw", "vpmaddwd", "prefetcht0"),
+    T.IQ4_NL: ("vpshufb", "vpsignb", "vpmaddubsw", "vpmaddwd", "prefetcht0"),
+    T.IQ3_S: ("vpshufb", "vpmaddubsw", "vpmaddwd", "prefetcht0"),
+}
 # the K-format tiles per level (engine/quant/x86_avx512.py, x86_avx2.py)
 TILE_EXPECTED = {
     "avx512vnni": ("vpdpbusd", "vpackssdw", "prefetcht0"),
@@ -49,6 +58,8 @@ def _compiled(qtype, tokens: int):
         plan(x[0], np.empty(rows, np.float32))
         return plan.kernel
     plan.tokens(x)
+    if qtype in K._LOWBIT_MM:
+        return K._LOWBIT_MM[qtype]
     return K._mm_q8_0_q8 if qtype == T.Q8_0 else K._mm_k_q8k
 
 
@@ -58,6 +69,14 @@ def test_integer_row_kernels_use_the_x86_dot_instructions(qtype, tokens):
     asm = "\n".join(asm_of(_compiled(qtype, tokens)))
     want = EXPECTED[qtype] if tokens == 1 or qtype == T.Q8_0 else TILE_EXPECTED[paths.target().level]
     missing = [op for op in want if op not in asm]
+    assert not missing, f"{qtype.name} x{tokens}: no {missing} in the kernel's assembly"
+
+
+@pytest.mark.parametrize("tokens", [1, 5], ids=["decode", "tile"])
+@pytest.mark.parametrize("qtype", list(LOWBIT_EXPECTED), ids=lambda t: t.name)
+def test_low_bit_kernels_use_the_x86_dot_instructions(qtype, tokens):
+    asm = "\n".join(asm_of(_compiled(qtype, tokens)))
+    missing = [op for op in LOWBIT_EXPECTED[qtype] if op not in asm]
     assert not missing, f"{qtype.name} x{tokens}: no {missing} in the kernel's assembly"
 
 

@@ -15,7 +15,7 @@ from engine.quant.activations import activation_format, round_activations
 
 LOWBIT = [T.Q2_K, T.Q3_K, T.IQ4_NL, T.IQ4_XS, T.IQ3_S, T.IQ3_XXS]
 # byte offsets of f16 fields in each block
-F16_FIELDS = {T.Q2_K: [80, 82], T.Q3_K: [108], T.IQ4_NL: [0], T.IQ4_XS: [0], T.IQ3_S: [0], T.IQ3_XXS: [0]}
+F16_FIELDS = {T.Q5_K: [0, 2], T.Q2_K: [80, 82], T.Q3_K: [108], T.IQ4_NL: [0], T.IQ4_XS: [0], T.IQ3_S: [0], T.IQ3_XXS: [0]}
 # RMS(error) / RMS(values) of our encoders on N(0, 1) (measured 0.278, 0.153, 0.077, 0.079, 0.137, 0.198)
 RMS_BOUND = {T.Q2_K: 0.30, T.Q3_K: 0.17, T.IQ4_NL: 0.085, T.IQ4_XS: 0.088, T.IQ3_S: 0.15, T.IQ3_XXS: 0.21}
 ACTIVATIONS = {T.Q2_K: "q8_k", T.Q3_K: "q8_k", T.IQ4_NL: "q8_0", T.IQ4_XS: "q8_k", T.IQ3_S: "q8_k",
@@ -101,9 +101,78 @@ def test_decode_rows_match_exact_product(qtype, rows):
     assert np.all(np.abs(out - ref) <= bound), np.max(np.abs(out - ref) / bound)
 
 
+# x86_lowbit.py's integer rows and tiles (Q5_K: the Q3_K_M / IQ4_XS mixes' other type)
+X86_INT8 = [T.Q2_K, T.Q3_K, T.IQ4_XS, T.IQ4_NL, T.IQ3_S, T.Q5_K]
+x86_int8 = pytest.mark.skipif(paths.target().level not in paths.X86_INT8_LEVELS,
+                              reason="the low-bit integer rows are x86 code (AVX2 and up)")
+
+
 @ids
-def test_path_chooser_names_the_float_paths(qtype):
-    # no int8 rows or tiles for these formats on any CPU: decode rows in float, prefill
-    # dequantize + BLAS (lowbit_kernels.py says why)
-    assert paths.kernel_paths([qtype]) == {qtype.name: {"decode": "float", "prefill": "dequantize+blas"}}
-    assert not K.has_int8_kernels(qtype) and not K.has_multi_token_kernel(qtype)
+def test_path_chooser_names_the_paths(qtype):
+    # integer decode rows on x86 (AVX2 instructions on every level) for five of the formats;
+    # IQ3_XXS and every format on arm64 decode with float rows; prefill is dequantize + BLAS
+    int8 = qtype in X86_INT8 and paths.target().level in paths.X86_INT8_LEVELS
+    # long prompts: the tiles where Q4_K's take every length (Zen with AVX-512), else BLAS
+    long = int8 and K._tiles_win_at_every_length()
+    want = {"decode": "avx2-int8" if int8 else "float", "prefill": "avx2-int8" if long else "dequantize+blas"}
+    assert paths.kernel_paths([qtype]) == {qtype.name: want}
+    assert K.has_int8_kernels(qtype) == int8 and K.has_multi_token_kernel(qtype) == int8
+    # a chat turn's suffix runs the integer tile (kernels.SHORT_PREFILL) on every x86 level
+    assert K.int8_prefill_wins(qtype, 5) == int8 and K.int8_prefill_wins(qtype, K.SHORT_PREFILL + 1) == long
+
+
+@x86_int8
+@pytest.mark.parametrize("qtype", X86_INT8, ids=lambda t: t.name)
+@pytest.mark.parametrize("rows", [3, 300])  # the serial twin and the parallel kernel
+def test_integer_decode_rows_match_the_exact_product(qtype, rows):
+    # arbitrary bytes (every nibble, scale, grid index and sign pattern) through the integer
+    # rows, against gguf.quants' decode times the activations rounded as llama.cpp rounds them
+    # (Q8_K; IQ4_NL Q8_0), in float64: the integer sums are exact, so only the f32 scaling and
+    # the accumulation order differ
+    cols = 1024
+    raw = _random_blocks(qtype, rows, cols, 8)
+    w = gq.dequantize(raw, qtype).reshape(rows, cols).astype(np.float64)
+    plan = K.MatvecPlan(qtype, raw, rows, cols)
+    assert plan.int8
+    rng = np.random.default_rng(9)
+    for _ in range(3):
+        x = rng.standard_normal(cols, dtype=np.float32)
+        x[256:512] *= 1e-3  # an activation block of small magnitude
+        out = np.full(rows, np.nan, np.float32)
+        plan(x, out)
+        xr = round_activations(x[None], qtype)[0].astype(np.float64)
+        ref = w @ xr
+        bound = 2e-6 * (np.abs(w) @ np.abs(xr)) + 1e-30
+        assert np.all(np.abs(out - ref) <= bound), np.max(np.abs(out - ref) / bound)
+
+
+@x86_int8
+@pytest.mark.parametrize("qtype", X86_INT8, ids=lambda t: t.name)
+def test_integer_tiles_match_the_exact_product(qtype):
+    # the multi-token tiles (TILE tokens per unpacked block; 67 tokens: padding to the tile)
+    rows, cols = 40, 1024
+    raw = _random_blocks(qtype, rows, cols, 10)
+    w = gq.dequantize(raw, qtype).reshape(rows, cols).astype(np.float64)
+    plan = K.MatvecPlan(qtype, raw, rows, cols)
+    for t in (2, 5, 67):
+        x = np.random.default_rng(t).standard_normal((t, cols), dtype=np.float32)
+        x[:, :256] *= 1e-3
+        got = plan.tokens(x)
+        assert got.shape == (t, rows)
+        xr = round_activations(x, qtype).astype(np.float64)
+        bound = 2e-6 * (np.abs(xr) @ np.abs(w).T) + 1e-30
+        assert np.all(np.abs(got - xr @ w.T) <= bound), (t, np.max(np.abs(got - xr @ w.T) / bound))
+
+
+@x86_int8
+def test_integer_rows_catch_a_flipped_weight_nibble():
+    # the tolerance above is meaningful: one changed level in one IQ4_XS block shows
+    raw = _random_blocks(T.IQ4_XS, 4, 512, 3)
+    raw[2, 8 + 20] ^= 0x01  # block 0, sub-block 1, a low nibble
+    x = np.random.default_rng(1).standard_normal(512, dtype=np.float32)
+    w = gq.dequantize(_random_blocks(T.IQ4_XS, 4, 512, 3), T.IQ4_XS).reshape(4, 512).astype(np.float64)
+    xr = round_activations(x[None], T.IQ4_XS)[0].astype(np.float64)
+    out = np.empty(4, np.float32)
+    K.matvec(T.IQ4_XS, raw, x, out)
+    err = np.abs(out - w @ xr) / (np.abs(w) @ np.abs(xr))
+    assert err[2] > 1e-4 and np.all(np.delete(err, 2) <= 2e-6), err

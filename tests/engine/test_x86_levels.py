@@ -1,6 +1,7 @@
 """Every x86 kernel level this host can run (engine/quant/paths.py), each in its own process
 compiled for that level through NUMBA_CPU_NAME + NUMBA_CPU_FEATURES: the chooser names the level,
-the decode rows and the prefill tiles of Q4_K, Q6_K and Q8_0 match the exact product of the
+the decode rows and the prefill tiles of Q4_K, Q6_K and Q8_0 (and of the low-bit formats'
+x86_lowbit.py, Q2_K, Q3_K, Q5_K, IQ4_XS, IQ4_NL, IQ3_S) match the exact product of the
 reference-decoded weights (gguf.quants' numbers: test_quant_formats holds our decode to them)
 with the activations rounded as llama.cpp rounds them, and the tiles contain the level's
 instructions. An AVX2 build runs on any x86-64-v3 host, so the floor is checked everywhere."""
@@ -67,6 +68,25 @@ for qt in (T.Q4_K, T.Q6_K, T.Q8_0):
         ref = xr @ W.T
         scale = np.abs(xr) @ np.abs(W).T
         worst = max(worst, float(np.max(np.abs(got - ref) / (RTOL * scale + 1e-30))))
+    res["errors"][qt.name] = worst
+# the low-bit formats' rows and tiles (x86_lowbit.py: the same AVX2 code compiled for every level)
+from tests.engine.test_quant_lowbit import X86_INT8, _random_blocks as _lowbit_blocks
+for qt in X86_INT8:
+    rows, cols = 24, 512
+    raw = _lowbit_blocks(qt, rows, cols, 12)
+    W = F.dequantize(raw, qt, (rows, cols)).astype(np.float64)
+    plan = K.MatvecPlan(qt, raw, rows, cols)
+    res["int8"][qt.name] = bool(plan.int8) and K.int8_prefill_wins(qt, 5)
+    worst = 0.0
+    for t in (1, 5):
+        x = rng.standard_normal((t, cols)).astype(np.float32)
+        if t == 1:
+            got = np.empty((1, rows), np.float32)
+            plan(x[0], got[0])
+        else:
+            got = plan.tokens(x)
+        xr = round_activations(x, qt).astype(np.float64)
+        worst = max(worst, float(np.max(np.abs(got - xr @ W.T) / (RTOL * (np.abs(xr) @ np.abs(W).T) + 1e-30))))
     res["errors"][qt.name] = worst
 asm = "\n".join(asm_of(K._mm_k_q8k))
 res["asm"] = {op: op in asm for op in sys.argv[1].split(",") if op}
