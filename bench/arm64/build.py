@@ -85,7 +85,7 @@ def plugin_header() -> Path:
 def build_plugin() -> Path:
     so = OUT / "insn_classes.so"
     src = HERE / "insn_classes.c"
-    if so.exists() and so.stat().st_mtime >= src.stat().st_mtime:
+    if so.exists() and so.stat().st_mtime >= max(p.stat().st_mtime for p in (src, HERE / "insn_decode.h")):
         return so
     header = plugin_header()
     _run(["gcc", "-O2", "-shared", "-fPIC", "-Wall", "-Werror", f"-I{header.parent}", str(src), "-o", str(so)])
