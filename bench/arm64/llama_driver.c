@@ -21,9 +21,10 @@
 
 static void mark(int phase) { (void)lseek(-1, MARK_MAGIC, phase); }
 
+static int verbose; /* LLAMA_DRIVER_VERBOSE=1: llama.cpp's whole load log (buffer types, repacks) */
 static void quiet(enum ggml_log_level level, const char *text, void *user) {
     (void)user;
-    if (level >= GGML_LOG_LEVEL_WARN) fputs(text, stderr);
+    if (verbose || level >= GGML_LOG_LEVEL_WARN) fputs(text, stderr);
 }
 
 static unsigned lcg = 12345u;
@@ -46,6 +47,7 @@ static void run(struct llama_context *ctx, struct llama_batch *b, int n, int pos
 int main(int argc, char **argv) {
     if (argc != 2 && argc != 5) { fprintf(stderr, "usage: %s MODEL [P1 P2 N]\n", argv[0]); return 2; }
     int p1 = argc == 5 ? atoi(argv[2]) : 128, p2 = argc == 5 ? atoi(argv[3]) : 512, n = argc == 5 ? atoi(argv[4]) : 16;
+    verbose = getenv("LLAMA_DRIVER_VERBOSE") != NULL;
     llama_log_set(quiet, NULL);
     llama_backend_init();
     struct llama_model_params mp = llama_model_default_params();
