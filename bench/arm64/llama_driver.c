@@ -55,8 +55,9 @@ int main(int argc, char **argv) {
     if (!model) { fprintf(stderr, "cannot load %s\n", argv[1]); return 1; }
     struct llama_context_params cp = llama_context_default_params();
     int big = p1 > p2 ? p1 : p2;
+    if (big < 72) big = 72;                                      /* the warm-up's 70 + 2 positions */
     cp.n_ctx = (uint32_t)(big + n + 16);
-    cp.n_batch = cp.n_ubatch = (uint32_t)(big > 70 ? big : 70); /* one ubatch per prefill, as llama-bench -p 512 */
+    cp.n_batch = cp.n_ubatch = (uint32_t)big;                    /* one ubatch per prefill, as llama-bench -p 512 */
     cp.n_threads = cp.n_threads_batch = 1;
     struct llama_context *ctx = llama_init_from_model(model, cp);
     if (!ctx) { fprintf(stderr, "cannot create a context\n"); return 1; }

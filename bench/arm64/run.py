@@ -78,8 +78,9 @@ def warm(target: str, model: Path) -> float:
     return time.perf_counter() - t0
 
 
-def measure(target: str, model: Path, sizes: list[int], out_dir: Path) -> dict:
-    """Both sides under the plugin at once; returns their plugin JSON and stdout."""
+def measure(target: str, model: Path, sizes: list[int], out_dir: Path, reuse: bool = False) -> dict:
+    """Both sides under the plugin at once; returns their plugin JSON and stdout. With `reuse`, a
+    side whose `<target>-<side>.json` and `.out` are already in `out_dir` is not run again."""
     plugin = build.build_plugin()
     qemu = shutil.which(build.QEMU) or build.QEMU
     runs = {
@@ -91,17 +92,22 @@ def measure(target: str, model: Path, sizes: list[int], out_dir: Path) -> dict:
     }
     procs, t0 = {}, time.perf_counter()
     for side, (cmd, env) in runs.items():
+        if reuse and (out_dir / f"{target}-{side}.json").exists() and (out_dir / f"{target}-{side}.out").exists():
+            continue
         print("+", " ".join(cmd), flush=True)
-        procs[side] = subprocess.Popen(["nice", "-n", "10", *cmd], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                       stderr=subprocess.PIPE, text=True)
-    out = {}
+        with open(out_dir / f"{target}-{side}.out", "w") as fo, open(out_dir / f"{target}-{side}.err", "w") as fe:
+            procs[side] = subprocess.Popen(["nice", "-n", "10", *cmd], cwd=ROOT, env=env, stdout=fo, stderr=fe)
+    wall = {}
     for side, p in procs.items():
-        stdout, stderr = p.communicate()
-        if p.returncode != 0:
-            raise RuntimeError(f"{target} {side} failed ({p.returncode}):\n{stderr[-3000:]}")
-        info = json.loads(stdout.strip().splitlines()[-1])
+        if p.wait() != 0:
+            err = (out_dir / f"{target}-{side}.err").read_text()
+            raise RuntimeError(f"{target} {side} failed ({p.returncode}):\n{err[-3000:]}")
+        wall[side] = round(time.perf_counter() - t0, 1)
+    out = {}
+    for side in runs:
+        info = json.loads((out_dir / f"{target}-{side}.out").read_text().strip().splitlines()[-1])
         counts = json.loads((out_dir / f"{target}-{side}.json").read_text())
-        out[side] = {"info": info, "plugin": counts, "wall_s": round(time.perf_counter() - t0, 1)}
+        out[side] = {"info": info, "plugin": counts, "wall_s": wall.get(side)}
     return out
 
 
@@ -138,6 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-p2", type=int, default=512)
     ap.add_argument("-n", type=int, default=16)
     ap.add_argument("--out", default=None, help="receipt path (default bench/results/arm64-<stamp>.json)")
+    ap.add_argument("--runs", default=None,
+                    help="folder for the plugin outputs (default .bench/arm64/runs/<stamp>); outputs already there "
+                         "are reused, not run again (re-price a run after changing cost.py)")
     a = ap.parse_args(argv)
     targets = [t for t in a.targets.split(",") if t]
     bad = [t for t in targets if t not in QEMU_CPU]
@@ -148,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     model = _model(a.preset, a.weights)
     build.main(["--targets", ",".join(targets)])
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    work = ROOT / ".bench" / "arm64" / "runs" / stamp
+    work = Path(a.runs) if a.runs else ROOT / ".bench" / "arm64" / "runs" / stamp
     work.mkdir(parents=True, exist_ok=True)
     receipt = {"bench": "arm64-cost-model", "stamp": stamp, "model": model.name, "preset": a.preset,
                "weights": a.weights, "p1": a.p1, "p2": a.p2, "n": a.n, "threads": 1,
@@ -157,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
                "host_cpu": _host_cpu(), "targets": {}}
     for t in targets:
         warm_s = warm(t, model)
-        rep = report(t, measure(t, model, sizes, work))
+        rep = report(t, measure(t, model, sizes, work, reuse=a.runs is not None))
         rep["warm_s"] = round(warm_s, 1)
         receipt["targets"][t] = rep
         _print(rep, sizes)
