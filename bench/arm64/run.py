@@ -126,12 +126,12 @@ def report(target: str, runs: dict) -> dict:
 def _print(rep: dict, sizes: list[int]) -> None:
     names = {"prefill_p1": f"prefill {sizes[0]}", "prefill_p2": f"prefill {sizes[1]}", "decode": f"decode x{sizes[2]}"}
     print(f"\n{rep['target']} (qemu -cpu {rep['qemu_cpu']})")
-    print(f"{'phase':<14}{'ours insns':>14}{'llama insns':>14}{'ours Mcyc':>11}{'llama Mcyc':>11}"
+    print(f"{'phase':<14}{'ours Minsn':>11}{'llama Minsn':>12}{'ours Mcyc':>11}{'llama Mcyc':>11}"
           f"{'serial':>8}{'bound':>7}  dominant (ours | llama)")
     for ph, r in rep["phases"].items():
         o, m = r["ours"], r["llama"]
-        print(f"{names[ph]:<14}{o['instructions']:>14,}{m['instructions']:>14,}{o['serial_cycles'] / 1e6:>11.1f}"
-              f"{m['serial_cycles'] / 1e6:>11.1f}{r['ratio_serial_cycles']:>8.2f}{r['ratio_bound_cycles']:>7.2f}  "
+        print(f"{names[ph]:<14}{o['instructions'] / 1e6:>11.0f}{m['instructions'] / 1e6:>12.0f}{o['serial_cycles'] / 1e6:>11.0f}"
+              f"{m['serial_cycles'] / 1e6:>11.0f}{r['ratio_serial_cycles']:>8.2f}{r['ratio_bound_cycles']:>7.2f}  "
               f"{' '.join(c for c, _ in o['top_classes'][:3])} | {' '.join(c for c, _ in m['top_classes'][:3])}")
 
 
