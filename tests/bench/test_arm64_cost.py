@@ -286,3 +286,23 @@ def test_every_core_prices_every_class_and_names_its_source():
     for core in cost.CORES.values():
         assert set(core.rows) == set(cost.CLASSES)
         assert all(r.recip > 0 and r.group in cost.GROUPS and r.source for r in core.rows.values())
+
+
+def test_run_report_prices_each_phase_of_both_sides_for_the_target():
+    from bench.arm64 import run
+
+    n = len(cost.CLASSES)
+    dot = cost.CLASSES.index("int_dot")
+
+    def side(per_phase):  # marks 0..3: cumulative int_dot counts, the phases adding per_phase[i]
+        marks, total = [], [5] * n
+        for i in range(4):
+            marks.append(list(total))
+            if i < 3:
+                total[dot] += per_phase[i]
+        return {"info": {}, "plugin": _plugin(marks), "wall_s": 1.0}
+
+    rep = run.report("neoverse-v1", {"ours": side([100, 400, 30]), "llama": side([200, 400, 60])})
+    assert [rep["phases"][p]["ratio_serial_cycles"] for p in run.PHASES] == [0.5, 1.0, 0.5]
+    assert rep["phases"]["prefill_p2"]["ours"]["serial_cycles"] == 100  # 400 ASIMD dots at 0.25 on V1
+    assert rep["qemu_cpu"] == "max,sve256=on" and rep["rows"]["int_dot"]["recip"] == 0.25
