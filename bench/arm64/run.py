@@ -97,12 +97,15 @@ def measure(target: str, model: Path, sizes: list[int], out_dir: Path, reuse: bo
         print("+", " ".join(cmd), flush=True)
         with open(out_dir / f"{target}-{side}.out", "w") as fo, open(out_dir / f"{target}-{side}.err", "w") as fe:
             procs[side] = subprocess.Popen(["nice", "-n", "10", *cmd], cwd=ROOT, env=env, stdout=fo, stderr=fe)
-    wall = {}
-    for side, p in procs.items():
-        if p.wait() != 0:
-            err = (out_dir / f"{target}-{side}.err").read_text()
-            raise RuntimeError(f"{target} {side} failed ({p.returncode}):\n{err[-3000:]}")
-        wall[side] = round(time.perf_counter() - t0, 1)
+    wall: dict[str, float] = {}
+    while len(wall) < len(procs):  # each side's own wall time, whichever ends first
+        for side, p in procs.items():
+            if side not in wall and p.poll() is not None:
+                if p.returncode != 0:
+                    err = (out_dir / f"{target}-{side}.err").read_text()
+                    raise RuntimeError(f"{target} {side} failed ({p.returncode}):\n{err[-3000:]}")
+                wall[side] = round(time.perf_counter() - t0, 1)
+        time.sleep(1)
     out = {}
     for side in runs:
         info = json.loads((out_dir / f"{target}-{side}.out").read_text().strip().splitlines()[-1])
