@@ -59,8 +59,10 @@ N1 = Core(
                   "wikichip, the LLVM model's second reference; LLVM's IssueWidth 8 is the micro-op dispatch rate)",
     rows={
         # 2 FP/ASIMD pipes (N1UnitV0, N1UnitV1)
-        "int_dot": Row(0.5, "vector", "ASIMD dot product SDOT/UDOT: V0/V1, 2 per cycle (LLVM N1 has no SDOT row; "
-                                      "its ASIMD default WriteVq = N1Write_2c_1V). N1 has no i8mm"),
+        "int_dot": Row(0.5, "vector", "ASSUMPTION: ASIMD dot product SDOT/UDOT on V0/V1, 2 per cycle. LLVM's N1 "
+                                      "model has no SDOT row, so this is its basic ASIMD rate (WriteVq = "
+                                      "N1Write_2c_1V), the rate docs/arm64.md attributes to the guide's dot product "
+                                      "row; not checked against the PDF here. N1 has no i8mm"),
         "fp_fma": Row(0.5, "vector", "ASIMD FP multiply accumulate FML[AS]v and FP multiply accumulate "
                                      "FN?M(ADD|SUB): N1Write_4c_1V"),
         "sve_int_dot": Row(0.5, "vector", "ASSUMPTION: N1 has no SVE (an SVE instruction is SIGILL; qemu runs "
