@@ -14,7 +14,7 @@ SAM_VENV  := .venv-sam
 SAM       := $(SAM_VENV)/bin/sam
 SAM_STAMP := $(SAM_VENV)/.installed
 
-.PHONY: lint test-arm64 test-arm64-ci install run generate test test-oracle oracle-fixtures bench serve layer model clean \
+.PHONY: lint test-arm64 test-arm64-ci install run generate test test-oracle oracle-fixtures bench bench-arm64 serve layer model clean \
         deploy-zip deploy-image image-model sam build-WarmLlmFunction build-DepsLayer
 
 $(STAMP): pyproject.toml
@@ -71,6 +71,11 @@ oracle-fixtures: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m bench.build_llama native avx2
 	$(PY) -m bench.run $(BENCH_ARGS)
+
+# Estimated Graviton cycles, ours and llama.cpp's aarch64 build, from instruction counts under a
+# qemu plugin (docs/arm64.md, "The emulated cost model"). Root for apt; ~1 h on 2 cores.
+bench-arm64: $(STAMP)
+	$(PY) -m bench.arm64.run $(BENCH_ARM64_ARGS)
 
 # The engine under qemu user-mode in an arm64 userland, once per numba CPU target (docs/arm64.md).
 test-arm64: $(STAMP)

@@ -56,6 +56,11 @@ PRESETS: dict[str, Preset] = {
     # Qwen3.5-0.8B's shapes.
     "0.8b": Preset(n_vocab=248320, n_embd=1024, n_layer=24, n_ff=3584, n_head=8, n_head_kv=2, head_dim=256,
                    n_rot=64, rope_sections=(11, 11, 10, 0), d_state=128, n_k_heads=16, n_v_heads=16),
+    # Qwen3.5-0.8B's shapes with 4 of its 24 layers (3 DeltaNet + 1 attention, the same pattern
+    # and matrices per layer, the same vocabulary and head): `make bench-arm64`'s model, so that
+    # emulating a 512-token prefill under qemu fits in minutes (bench/arm64/run.py).
+    "0.8b-4l": Preset(n_vocab=248320, n_embd=1024, n_layer=4, n_ff=3584, n_head=8, n_head_kv=2, head_dim=256,
+                      n_rot=64, rope_sections=(11, 11, 10, 0), d_state=128, n_k_heads=16, n_v_heads=16),
     # Qwen3.5-2B's shapes.
     "2b": Preset(n_vocab=248320, n_embd=2048, n_layer=24, n_ff=6144, n_head=8, n_head_kv=2, head_dim=256,
                  n_rot=64, rope_sections=(11, 11, 10, 0), d_state=128, n_k_heads=16, n_v_heads=16),
