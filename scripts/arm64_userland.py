@@ -39,7 +39,10 @@ PYTHON = "3.11"                      # bookworm's; Lambda's runtime is 3.12 (not
 DEBS = ["python3.11", "python3", "libstdc++6", "libgomp1"]
 TEST_DEPS = ["pytest>=8", "hypothesis>=6"]
 HOST_ONLY = {"boto3", "botocore", "awslambdaric", "aws-lambda-powertools", "s3transfer"}
-PLATFORMS = ["manylinux2014_aarch64", "manylinux_2_17_aarch64", "manylinux_2_28_aarch64"]
+# bookworm's glibc is 2.36: every manylinux tag up to 2_34 runs there (llguidance's aarch64
+# wheel is manylinux_2_31; without the tag pip found no version >= 1.9)
+PLATFORMS = ["manylinux2014_aarch64", "manylinux_2_17_aarch64", "manylinux_2_28_aarch64", "manylinux_2_31_aarch64",
+             "manylinux_2_34_aarch64"]
 QEMU = "qemu-aarch64-static"
 # The emulated CPU's SVE, as on the Graviton each numba target names: N1 (Graviton2) has none,
 # V1 (Graviton3) 256-bit vectors, V2 (Graviton4) 128-bit. qemu's own default (512-bit) is no
