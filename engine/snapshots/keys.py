@@ -21,7 +21,7 @@ def resolve_hmac_key(s: SnapshotSettings, *, ssm_client: Any = None, secrets_cli
             client = ssm_client or boto3.client("ssm")
             value = client.get_parameter(Name=s.hmac_key_ssm, WithDecryption=True)["Parameter"]["Value"]
         else:
-            client = secrets_client or boto3.client("secretsmanager")
+            client = secrets_client or boto3.client("secretsmanager", region_name=_arn_region(s.hmac_key_secret))
             value = client.get_secret_value(SecretId=s.hmac_key_secret)["SecretString"]
     except Exception as exc:
         name, ref, perm = (("SNAPSHOT_HMAC_KEY_SSM", s.hmac_key_ssm, "ssm:GetParameter (and kms:Decrypt)")
@@ -32,3 +32,10 @@ def resolve_hmac_key(s: SnapshotSettings, *, ssm_client: Any = None, secrets_cli
     if not value:
         raise ValueError("the snapshot HMAC key read from SSM / Secrets Manager is empty")
     return dataclasses.replace(s, hmac_key=str(value).encode(), hmac_key_ssm=None, hmac_key_secret=None)
+
+
+def _arn_region(ref: str | None) -> str | None:
+    """The region of a secret's ARN (a secret is read from its own region's endpoint, and the
+    templates scope the role to the ARN they are given); None for a name: the default region."""
+    parts = (ref or "").split(":")
+    return (parts[3] or None) if len(parts) > 6 and parts[0] == "arn" and parts[2] == "secretsmanager" else None

@@ -550,6 +550,11 @@ def test_hmac_key_from_ssm_or_secrets_manager(monkeypatch, tmp_path):
         assert s.hmac_key == b"from-ssm"
         s = resolve_hmac_key(SnapshotSettings.from_env({"SNAPSHOT_HMAC_KEY_SECRET": "warmllm-snap"}))
         assert s.hmac_key == b"from-secret"
+        # a secret in another region, given as its ARN (as the templates take it), is read from there
+        arn = boto3.client("secretsmanager", region_name="eu-west-1").create_secret(
+            Name="warmllm-snap-eu", SecretString="from-eu")["ARN"]
+        s = resolve_hmac_key(SnapshotSettings.from_env({"SNAPSHOT_HMAC_KEY_SECRET": arn}))
+        assert arn.split(":")[3] == "eu-west-1" and s.hmac_key == b"from-eu"
         with pytest.raises(ValueError, match="SNAPSHOT_HMAC_KEY_SSM='/nope'.*ssm:GetParameter"):
             resolve_hmac_key(SnapshotSettings.from_env({"SNAPSHOT_HMAC_KEY_SSM": "/nope"}))
         # the store built from settings MACs with the key it read
