@@ -3,6 +3,7 @@
 source parameters, a snapshot bucket whose IAM is scoped to its prefix, optional EFS, outputs."""
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 from cfnlint.decode import decode_str
 
+from engine.settings import SnapshotSettings
 from function.runtime import ROUTES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -147,3 +149,148 @@ def test_dockerfile_entry_point_and_kernel_cache():
     assert "FROM python:3.12" in d
     assert 'ENTRYPOINT ["python", "-m", "function.stream_runtime"]' in d and 'CMD ["function.app.handler"]' in d
     assert "neoverse-n1" in d and "engine warm-kernels" in d and "WARMLLM_NUMBA_CACHE_SRC=/opt/numba-cache" in d
+
+
+# --- the snapshot HMAC key from SSM / Secrets Manager (engine/snapshots/keys.py) -------------------
+# A small evaluator of the intrinsics these parts use, so the tests check what CloudFormation would
+# deploy for given parameter values rather than the template's spelling.
+PSEUDO = {"AWS::Partition": "aws", "AWS::Region": "us-east-1", "AWS::AccountId": "123456789012"}
+NO_VALUE = object()
+SSM_NAME = "/warmllm/snapshot-hmac-key"
+SECRET_ARN = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:warmllm-hmac-AbCdEf"
+
+
+def _sub(text: str, names: dict) -> str:
+    return re.sub(r"\$\{([^}]+)\}", lambda m: str(names.get(m.group(1), f"<{m.group(1)}>")), text)
+
+
+def resolve(t: dict, node, params: dict):
+    """`node` with Ref/Fn::If/Fn::Sub/... evaluated for `params` (the rest at their defaults)."""
+    values = {k: v.get("Default", "") for k, v in t["Parameters"].items()} | params | PSEUDO
+
+    def cond(name: str) -> bool:
+        return bool(ev(t["Conditions"][name]))
+
+    def ev(n):
+        if isinstance(n, list):
+            return [x for x in (ev(i) for i in n) if x is not NO_VALUE]
+        if not isinstance(n, dict):
+            return n
+        if len(n) == 1:
+            (k, v), = n.items()
+            if k == "Ref":
+                return NO_VALUE if v == "AWS::NoValue" else values.get(v, f"<{v}>")   # a resource: a placeholder
+            if k == "Fn::If":
+                return ev(v[1] if cond(v[0]) else v[2])
+            if k == "Condition":
+                return cond(v)
+            if k == "Fn::Equals":
+                return ev(v[0]) == ev(v[1])
+            if k == "Fn::Not":
+                return not ev(v[0])
+            if k == "Fn::Or":
+                return any(ev(x) for x in v)
+            if k == "Fn::And":
+                return all(ev(x) for x in v)
+            if k == "Fn::Select":
+                return ev(v[1])[int(v[0])]
+            if k == "Fn::Split":
+                return ev(v[1]).split(v[0])
+            if k == "Fn::Sub":
+                text, extra = (v, {}) if isinstance(v, str) else (v[0], {a: ev(b) for a, b in v[1].items()})
+                return _sub(text, {**values, **extra})
+            if k == "Fn::GetAtt":
+                return f"<{'.'.join(v) if isinstance(v, list) else v}>"
+        return {k: x for k, x in ((k, ev(v)) for k, v in n.items()) if x is not NO_VALUE}
+    return ev(node)
+
+
+def deployed(t: dict, params: dict) -> tuple[dict, list[dict]]:
+    """The function's environment and its policy statements for `params`."""
+    props = t["Resources"]["WarmLlmFunction"]["Properties"]
+    env = resolve(t, props["Environment"]["Variables"], params)
+    policies = resolve(t, props["Policies"], params)
+    return env, [s for p in policies if isinstance(p, dict) for s in p["Statement"]]
+
+
+def actions(stmts: list[dict]) -> set[str]:
+    return {a for s in stmts for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])}
+
+
+@pytest.mark.parametrize("name", ["template.yaml", "template-zip.yaml"])
+def test_hmac_key_parameters_are_optional_and_checked(name):
+    t, errs = decode_str((ROOT / name).read_text())
+    assert not errs, errs
+    ssm, secret = t["Parameters"]["SnapshotHmacKeySsmParameter"], t["Parameters"]["SnapshotHmacKeySecretArn"]
+    assert ssm["Default"] == "" and secret["Default"] == ""
+    for ok in ("", SSM_NAME, "/a"):
+        assert re.fullmatch(ssm["AllowedPattern"], ok), ok
+    for bad in ("warmllm-key", "/has space", "arn:aws:ssm:us-east-1:123456789012:parameter/x"):
+        assert not re.fullmatch(ssm["AllowedPattern"], bad), bad     # the ARN is built from a /path
+    for ok in ("", SECRET_ARN, "arn:aws-cn:secretsmanager:cn-north-1:123456789012:secret:k-123456"):
+        assert re.fullmatch(secret["AllowedPattern"], ok), ok
+    for bad in ("warmllm-hmac", "arn:aws:ssm:us-east-1:123456789012:parameter/x"):
+        assert not re.fullmatch(secret["AllowedPattern"], bad), bad
+
+
+def test_hmac_key_env_vars_only_when_given_and_read_by_the_engine(tpl):
+    env, _ = deployed(tpl, {})
+    assert "SNAPSHOT_HMAC_KEY_SSM" not in env and "SNAPSHOT_HMAC_KEY_SECRET" not in env   # unset, not ""
+    env, _ = deployed(tpl, {"SnapshotHmacKeySsmParameter": SSM_NAME})
+    assert env["SNAPSHOT_HMAC_KEY_SSM"] == SSM_NAME and "SNAPSHOT_HMAC_KEY_SECRET" not in env
+    assert SnapshotSettings.from_env(env).hmac_key_ssm == SSM_NAME
+    env, _ = deployed(tpl, {"SnapshotHmacKeySecretArn": SECRET_ARN})
+    assert env["SNAPSHOT_HMAC_KEY_SECRET"] == SECRET_ARN and "SNAPSHOT_HMAC_KEY_SSM" not in env
+    assert SnapshotSettings.from_env(env).hmac_key_secret == SECRET_ARN
+
+
+def test_hmac_key_rule_refuses_both_like_the_engine(tpl):
+    rule = tpl["Rules"]["OneSnapshotHmacKeySource"]
+    both = {"SnapshotHmacKeySsmParameter": SSM_NAME, "SnapshotHmacKeySecretArn": SECRET_ARN}
+    assert "RuleCondition" not in rule
+    (assertion,) = rule["Assertions"]
+    assert resolve(tpl, assertion["Assert"], both) is False
+    for one in ({}, {"SnapshotHmacKeySsmParameter": SSM_NAME}, {"SnapshotHmacKeySecretArn": SECRET_ARN}):
+        assert resolve(tpl, assertion["Assert"], one) is True, one
+    with pytest.raises(ValueError, match="one source"):        # what the rule saves a deployment from
+        SnapshotSettings.from_env({"SNAPSHOT_HMAC_KEY_SSM": SSM_NAME, "SNAPSHOT_HMAC_KEY_SECRET": SECRET_ARN})
+
+
+def test_hmac_key_policies_only_under_their_condition(tpl):
+    _, stmts = deployed(tpl, {})
+    assert not {a for a in actions(stmts) if a.split(":")[0] in ("ssm", "secretsmanager", "kms")}
+    _, stmts = deployed(tpl, {"SnapshotHmacKeySsmParameter": SSM_NAME})
+    assert {a for a in actions(stmts) if a.split(":")[0] in ("ssm", "secretsmanager", "kms")} == {
+        "ssm:GetParameter", "kms:Decrypt"}
+    _, stmts = deployed(tpl, {"SnapshotHmacKeySecretArn": SECRET_ARN})
+    assert {a for a in actions(stmts) if a.split(":")[0] in ("ssm", "secretsmanager", "kms")} == {
+        "secretsmanager:GetSecretValue", "kms:Decrypt"}
+    # and in the template itself each is an !If on its condition (not a statement resolved away by luck)
+    conditional = {p["Fn::If"][0]: p["Fn::If"][1] for p in tpl["Resources"]["WarmLlmFunction"]["Properties"]["Policies"]
+                   if isinstance(p, dict) and "Fn::If" in p and isinstance(p["Fn::If"][1], dict)}
+    assert {s["Sid"] for s in conditional["HasHmacKeySsm"]["Statement"]} == {
+        "ReadSnapshotHmacKeyParameter", "DecryptSnapshotHmacKeyParameter"}
+    assert {s["Sid"] for s in conditional["HasHmacKeySecret"]["Statement"]} == {
+        "ReadSnapshotHmacKeySecret", "DecryptSnapshotHmacKeySecret"}
+
+
+def test_hmac_key_policies_are_scoped_to_that_parameter_and_secret(tpl):
+    param_arn = f"arn:aws:ssm:us-east-1:123456789012:parameter{SSM_NAME}"
+    _, stmts = deployed(tpl, {"SnapshotHmacKeySsmParameter": SSM_NAME})
+    by_sid = {s["Sid"]: s for s in stmts}
+    assert by_sid["ReadSnapshotHmacKeyParameter"]["Resource"] == param_arn
+    dec = by_sid["DecryptSnapshotHmacKeyParameter"]
+    # a customer managed key, and only when SSM decrypts this parameter (its encryption context)
+    assert dec["Condition"]["StringEquals"] == {"kms:ViaService": "ssm.us-east-1.amazonaws.com",
+                                                "kms:EncryptionContext:PARAMETER_ARN": param_arn}
+    assert dec["Resource"].startswith("arn:aws:kms:us-east-1:")
+
+    _, stmts = deployed(tpl, {"SnapshotHmacKeySecretArn": SECRET_ARN})
+    by_sid = {s["Sid"]: s for s in stmts}
+    assert by_sid["ReadSnapshotHmacKeySecret"]["Resource"] == SECRET_ARN
+    dec = by_sid["DecryptSnapshotHmacKeySecret"]
+    assert dec["Condition"]["StringEquals"] == {"kms:ViaService": "secretsmanager.eu-west-1.amazonaws.com",
+                                                "kms:EncryptionContext:SecretARN": SECRET_ARN}
+    assert dec["Resource"].startswith("arn:aws:kms:eu-west-1:")       # the secret's region, not the stack's
+    for s in stmts:
+        assert "*" not in actions([s]) and not any(a.endswith("*") for a in actions([s])), s

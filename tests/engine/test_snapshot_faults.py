@@ -550,6 +550,11 @@ def test_hmac_key_from_ssm_or_secrets_manager(monkeypatch, tmp_path):
         assert s.hmac_key == b"from-ssm"
         s = resolve_hmac_key(SnapshotSettings.from_env({"SNAPSHOT_HMAC_KEY_SECRET": "warmllm-snap"}))
         assert s.hmac_key == b"from-secret"
+        # a secret in another region, given as its ARN (as the templates take it), is read from there
+        arn = boto3.client("secretsmanager", region_name="eu-west-1").create_secret(
+            Name="warmllm-snap-eu", SecretString="from-eu")["ARN"]
+        s = resolve_hmac_key(SnapshotSettings.from_env({"SNAPSHOT_HMAC_KEY_SECRET": arn}))
+        assert arn.split(":")[3] == "eu-west-1" and s.hmac_key == b"from-eu"
         with pytest.raises(ValueError, match="SNAPSHOT_HMAC_KEY_SSM='/nope'.*ssm:GetParameter"):
             resolve_hmac_key(SnapshotSettings.from_env({"SNAPSHOT_HMAC_KEY_SSM": "/nope"}))
         # the store built from settings MACs with the key it read
@@ -558,3 +563,20 @@ def test_hmac_key_from_ssm_or_secrets_manager(monkeypatch, tmp_path):
         assert st.hmac_key == b"from-ssm"
     with pytest.raises(ValueError, match="both set"):
         SnapshotSettings.from_env({"SNAPSHOT_HMAC_KEY": "a", "SNAPSHOT_HMAC_KEY_SSM": "/b"})
+
+
+@pytest.mark.parametrize("var,endpoint", [("SNAPSHOT_HMAC_KEY_SSM", "AWS_ENDPOINT_URL_SSM"),
+                                          ("SNAPSHOT_HMAC_KEY_SECRET", "AWS_ENDPOINT_URL_SECRETS_MANAGER")])
+def test_hmac_key_read_is_bounded_when_the_service_never_answers(monkeypatch, var, endpoint):
+    """In a VPC without a route to SSM / Secrets Manager the read must fail init quickly, naming
+    the variable, not hang on botocore's 60 s timeouts and retries."""
+    from engine.settings import SnapshotSettings
+    from engine.snapshots.keys import resolve_hmac_key
+    hole = BlackHole()
+    for k, v in {"AWS_ACCESS_KEY_ID": "t", "AWS_SECRET_ACCESS_KEY": "t", "AWS_DEFAULT_REGION": "us-east-1",
+                 endpoint: hole.url}.items():
+        monkeypatch.setenv(k, v)
+    t0 = time.monotonic()
+    with pytest.raises(ValueError, match=var):
+        resolve_hmac_key(SnapshotSettings.from_env({var: "/warmllm/snap"}))
+    assert time.monotonic() - t0 < 9.0       # Lambda's init phase is 10 s
