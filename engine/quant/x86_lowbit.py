@@ -7,7 +7,9 @@ accumulator carried across the row and one horizontal sum per row (int8_dot._row
 The instructions are named (`x86_call`), so no InstCombine rewrite can lose them (int8_dot.py's
 generic IR needed run-time knobs for that). Every x86 level from AVX2 up runs these same
 256-bit rows: decode streams the weights from DRAM and a 512-bit body would wait on the same
-bytes (the Q4_K/Q6_K rows are 256-bit on AVX-512 too).
+bytes (the Q4_K/Q6_K rows are 256-bit on AVX-512 too). The prefill tiles of IQ4_XS, Q3_K and Q5_K
+have 512-bit AVX-512 VNNI forms (`_iq4_xs_block_512`, `_q3_k_block_512`, `_q5_k_block_512`, at the end of this file),
+which lowbit_kernels chooses on that level (paths.X86_LOWBIT_VNNI512).
 
 * Q2_K, Q3_K, Q5_K: weights unsigned (Q2_K 0..3, Q3_K 0..7 after adding the high bit as +4,
   Q5_K 0..31), so `vpmaddubsw` (u8 x s8 -> i16 pairs) then `vpmaddwd` by the run's scales.
@@ -539,3 +541,55 @@ def q3_k_row_dot_tile_512(typingctx, row, nb, xq, xo, xstride, xd, do, dstride, 
         return _q8k_tile("Q3_K", args)
     _x86_only("Q3_K")
     return types.void(*args), _row_codegen(_Q8K_TILE, TILE, _q3_k_block_512, lanes=16)
+
+
+def _q5_k_block_512(row, a, i, accs):
+    """Q5_K's tile on AVX-512 VNNI: x86_avx512.py's Q4_K scheme plus the fifth bit (quants 0..31:
+    a 4-value `vpdpbusd` lane is at most 4 * 31 * 128, so two narrow into one `vpdpwssd` by the
+    scales); the mins through the Q8_K sums, as the AVX2 tile. Vector c holds values
+    64c..64c+63: runs 2c, 2c + 1, the nibbles of qs[32c..] and qh bits 2c, 2c + 1."""
+    b = row.b
+    v64, v16 = _vec(I8, 64), _vec(I32, 16)
+    p = b.mul(i, _c64(176))
+    _prefetch(row, p, 176)
+    words = [row.load("row", b.add(p, _c64(k)), I32, align=1) for k in (4, 8, 12)]
+    packed = b.zext(_q4_k_scales_mins(b, *words), W16)  # lanes 0-7 scales, 8-15 mins
+    groups = GroupScales(packed, lambda g: g // 2)
+    mins = _lane_splat(b, packed, [8 + k // 2 for k in range(16)])
+    qh = row.load("row", b.add(p, _c64(16)), V8, align=1)
+    qv = []
+    for c in range(4):
+        qs = row.load("row", b.add(p, _c64(48 + 32 * c)), V8, align=1)
+        low = b.and_(_both_halves(b, qs, (0, 4)), ir.Constant(v64, [15] * 64))
+        high = b.and_(_both_halves(b, qh, (2 * c, 2 * c + 1)), ir.Constant(v64, [1] * 64))
+        qv.append(b.bitcast(b.or_(low, b.shl(high, ir.Constant(v64, [4] * 64))), v16))
+    d, dmin = row.half(p), row.half(b.add(p, _c64(2)))
+    pairs = [(0, 1), (2, 3)]
+    pscales = [groups.packed_pairs(b, [4 * ca + L for L in range(4)], [4 * cb + L for L in range(4)])
+               for ca, cb in pairs]
+    zero = ir.Constant(v16, [0] * 16)
+    for t in range(row.ntok):
+        o = b.add(row.offset("xo", "xstride", t), b.mul(i, _c64(256)))
+        dots = [x86_call(b, "llvm.x86.avx512.vpdpbusd.512", v16,
+                         [zero, qv[c], b.bitcast(row.load("xq", b.add(o, _c64(64 * c)), v64, align=1), v16)])
+                for c in range(4)]
+        isum = zero
+        for (ca, cb), sv in zip(pairs, pscales):
+            narrow = x86_call(b, "llvm.x86.avx512.packssdw.512", _vec(I16, 32), [dots[ca], dots[cb]])
+            isum = x86_call(b, "llvm.x86.avx512.vpdpwssd.512", v16, [isum, b.bitcast(narrow, v16), sv])
+        xd = row.load("xd", b.add(row.offset("do", "dstride", t), i), F32)
+        _accumulate(b, accs[t], isum, b.fmul(d, xd))
+        sums = row.load("xs", b.add(row.offset("so", "sstride", t), b.mul(i, _c64(16))), W16, align=2)
+        _accumulate(b, accs[t], _widen8(b, _madd(b, sums, mins)), b.fsub(ir.Constant(F32, 0.0), b.fmul(dmin, xd)))
+
+
+@intrinsic
+def q5_k_row_dot_tile_512(typingctx, row, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res, grid):
+    """`q5_k_row_dot_tile` in 512-bit AVX-512 VNNI instructions; `q5_k_row_dot_tile` elsewhere."""
+    from engine.quant import paths
+
+    args = (row, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res, grid)
+    if paths.target().level != "avx512vnni":
+        return _q8k_tile("Q5_K", args)
+    _x86_only("Q5_K")
+    return types.void(*args), _row_codegen(_Q8K_TILE, TILE, _q5_k_block_512, lanes=16)

@@ -83,12 +83,13 @@ def test_low_bit_kernels_use_the_x86_dot_instructions(qtype, tokens):
     assert not missing, f"{qtype.name} x{tokens}: no {missing} in the kernel's assembly"
 
 
-# the tiles on AVX-512 VNNI (x86_lowbit._iq4_xs_block_512, _q3_k_block_512): 4-value sums by
+# the tiles on AVX-512 VNNI (x86_lowbit.py's *_block_512): 4-value sums by
 # vpdpbusd; IQ4_XS's biased levels looked up with vpshufb and its sub-block scales by vpmulld,
-# Q3_K's sums narrowed (vpackssdw) for vpdpwssd by the scales
+# Q3_K's and Q5_K's sums narrowed (vpackssdw) for vpdpwssd by the scales
 VNNI512_TILE_EXPECTED = {
     T.IQ4_XS: ("vpshufb", "vpdpbusd", "vpmulld", "prefetcht0"),
     T.Q3_K: ("vpdpbusd", "vpackssdw", "vpdpwssd", "prefetcht0"),
+    T.Q5_K: ("vpdpbusd", "vpackssdw", "vpdpwssd", "prefetcht0"),
 }
 
 

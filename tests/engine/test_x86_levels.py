@@ -88,8 +88,8 @@ for qt in X86_INT8:
         xr = round_activations(x, qt).astype(np.float64)
         worst = max(worst, float(np.max(np.abs(got - xr @ W.T) / (RTOL * (np.abs(xr) @ np.abs(W).T) + 1e-30))))
     res["errors"][qt.name] = worst
-# IQ4_XS's and Q3_K's tiles: 512-bit vpdpbusd at avx512vnni only (x86_lowbit.py), AVX2 code elsewhere
-res["vnni512_tiles"] = {qt.name: "vpdpbusd" in "\n".join(asm_of(K._LOWBIT_MM[qt])) for qt in (T.IQ4_XS, T.Q3_K)}
+# IQ4_XS's, Q3_K's and Q5_K's tiles: 512-bit vpdpbusd at avx512vnni only (x86_lowbit.py), AVX2 elsewhere
+res["vnni512_tiles"] = {qt.name: "vpdpbusd" in "\n".join(asm_of(K._LOWBIT_MM[qt])) for qt in paths.X86_LOWBIT_VNNI512}
 asm = "\n".join(asm_of(K._mm_k_q8k))
 res["asm"] = {op: op in asm for op in sys.argv[1].split(",") if op}
 # the Q8_0 decode row and tile: the block scale converted without a merge into a live register
