@@ -29,8 +29,9 @@ from . import paths
 from .kernels import _DQ, _MV, _f16_at, _group_sums, _qf, _u32_at
 from .lowbit import IQ4_LEVELS, iq_grid, ksigns
 from .x86_lowbit import (TILE, iq3_s_row_dot, iq3_s_row_dot_tile, iq4_nl_row_dot, iq4_nl_row_dot_tile, iq4_xs_row_dot,
-                         iq4_xs_row_dot_tile, q2_k_row_dot, q2_k_row_dot_tile, q3_k_row_dot, q3_k_row_dot_tile,
-                         q5_k_row_dot, q5_k_row_dot_tile)
+                         iq4_xs_row_dot_tile, iq4_xs_row_dot_tile_512, q2_k_row_dot, q2_k_row_dot_tile, q3_k_row_dot,
+                         q3_k_row_dot_tile, q3_k_row_dot_tile_512, q5_k_row_dot, q5_k_row_dot_tile,
+                         q5_k_row_dot_tile_512)
 
 _F32 = np.float32
 _LV = IQ4_LEVELS.astype(np.float32)
@@ -399,6 +400,12 @@ def _tile_rows(w, xq, xd, xs16, out, kind):
                     iq4_xs_row_dot_tile(*args)
                 elif kind == 3:
                     iq3_s_row_dot_tile(*args)
+                elif kind == 5:
+                    iq4_xs_row_dot_tile_512(*args)
+                elif kind == 6:
+                    q3_k_row_dot_tile_512(*args)
+                elif kind == 7:
+                    q5_k_row_dot_tile_512(*args)
                 else:
                     q5_k_row_dot_tile(*args)
                 for t in range(TILE):
@@ -418,6 +425,24 @@ def _mm_q3_k_q8(w, xq, xd, xs16, out):
 @njit(**_MV)
 def _mm_iq4_xs_q8(w, xq, xd, xs16, out):
     _tile_rows(w, xq, xd, xs16, out, 2)
+
+
+@njit(**_MV)
+def _mm_iq4_xs_q8_512(w, xq, xd, xs16, out):
+    # x86_lowbit.iq4_xs_row_dot_tile_512: AVX-512 VNNI only
+    _tile_rows(w, xq, xd, xs16, out, 5)
+
+
+@njit(**_MV)
+def _mm_q3_k_q8_512(w, xq, xd, xs16, out):
+    # x86_lowbit.q3_k_row_dot_tile_512: AVX-512 VNNI only
+    _tile_rows(w, xq, xd, xs16, out, 6)
+
+
+@njit(**_MV)
+def _mm_q5_k_q8_512(w, xq, xd, xs16, out):
+    # x86_lowbit.q5_k_row_dot_tile_512: AVX-512 VNNI only
+    _tile_rows(w, xq, xd, xs16, out, 7)
 
 
 @njit(**_MV)
@@ -451,3 +476,7 @@ MULTI_TOKEN_INT8 = {T.Q2_K: _mm_q2_k_q8, T.Q3_K: _mm_q3_k_q8, T.IQ4_XS: _mm_iq4_
 if paths.target().level in paths.X86_INT8_LEVELS:
     MATVEC_INT8[T.Q5_K] = _mv_q5_k_q8
     MULTI_TOKEN_INT8[T.Q5_K] = _mm_q5_k_q8
+if paths.target().level == "avx512vnni":  # paths.X86_LOWBIT_VNNI512
+    MULTI_TOKEN_INT8[T.IQ4_XS] = _mm_iq4_xs_q8_512
+    MULTI_TOKEN_INT8[T.Q3_K] = _mm_q3_k_q8_512
+    MULTI_TOKEN_INT8[T.Q5_K] = _mm_q5_k_q8_512

@@ -19,7 +19,8 @@ Levels (one kernel file each under engine/quant/):
 
 Q2_K, Q3_K, Q5_K, IQ4_XS, IQ4_NL and IQ3_S (`X86_LOWBIT_INT8`) have integer decode rows and
 short-prefill tiles on the x86 levels, the same AVX2 instructions on each (`x86_lowbit.py`,
-named `avx2-int8`); their long prefills run the tiles where Q4_K's do (Zen with AVX-512),
+named `avx2-int8`), except IQ4_XS's, Q3_K's and Q5_K's tiles on avx512vnni (`X86_LOWBIT_VNNI512`:
+512-bit `vpdpbusd`, named `avx512vnni-int8`); their long prefills run the tiles where Q4_K's do (Zen with AVX-512),
 else dequantize + BLAS; IQ3_XXS, and the low-bit formats
 on arm64 (Q5_K aside: arm_neon.py), are float rows / dequantize + BLAS.
 
@@ -58,6 +59,8 @@ INT8_FORMATS = (T.Q4_K, T.Q6_K, T.Q8_0)        # row kernels (decode) and tiles 
 # x86_lowbit.py's rows and short-prefill tiles (every x86 level): long prefills dequantize + BLAS
 X86_LOWBIT_INT8 = (T.Q2_K, T.Q3_K, T.IQ4_XS, T.IQ4_NL, T.IQ3_S, T.Q5_K)
 X86_INT8_LEVELS = ("avx512vnni", "avx512bw", "avxvnni", "avx2")
+# of those, the formats whose tile is 512-bit `vpdpbusd` on avx512vnni (x86_lowbit.py, after the AVX2 code)
+X86_LOWBIT_VNNI512 = (T.IQ4_XS, T.Q3_K, T.Q5_K)
 ARM_INT8_FORMATS = (T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0)  # arm_neon.py's rows and tiles
 TILE_FORMATS = (T.Q4_K, T.Q6_K)                 # per-ISA tiles; Q8_0's tile is portable IR
 
@@ -147,8 +150,10 @@ def tile_level(qtype) -> str:
         from engine.quant import arm_neon
 
         return level if T(qtype) in arm_neon.SMMLA_FORMATS else "neon-dotprod"
+    if level == "avx512vnni" and T(qtype) in X86_LOWBIT_VNNI512:
+        return level
     if level in X86_INT8_LEVELS and T(qtype) in X86_LOWBIT_INT8:
-        return "avx2"  # x86_lowbit.py's tiles: AVX2 instructions on every x86 level
+        return "avx2"  # x86_lowbit.py's tiles: AVX2 instructions on every other x86 level
     return level
 
 

@@ -7,7 +7,9 @@ accumulator carried across the row and one horizontal sum per row (int8_dot._row
 The instructions are named (`x86_call`), so no InstCombine rewrite can lose them (int8_dot.py's
 generic IR needed run-time knobs for that). Every x86 level from AVX2 up runs these same
 256-bit rows: decode streams the weights from DRAM and a 512-bit body would wait on the same
-bytes (the Q4_K/Q6_K rows are 256-bit on AVX-512 too).
+bytes (the Q4_K/Q6_K rows are 256-bit on AVX-512 too). The prefill tiles of IQ4_XS, Q3_K and Q5_K
+have 512-bit AVX-512 VNNI forms (`_iq4_xs_block_512`, `_q3_k_block_512`, `_q5_k_block_512`, at the end of this file),
+which lowbit_kernels chooses on that level (paths.X86_LOWBIT_VNNI512).
 
 * Q2_K, Q3_K, Q5_K: weights unsigned (Q2_K 0..3, Q3_K 0..7 after adding the high bit as +4,
   Q5_K 0..31), so `vpmaddubsw` (u8 x s8 -> i16 pairs) then `vpmaddwd` by the run's scales.
@@ -32,8 +34,8 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from engine.quant.int8_dot import (F32, I8, I16, I32, I64, WIDE_TILE, _accumulate, _prefetch, _q4_k_scales_mins,
-                                   _row_codegen, _vec, x86_call)
+from engine.quant.int8_dot import (F32, I8, I16, I32, I64, WIDE_TILE, GroupScales, _accumulate, _both_halves, _prefetch,
+                                   _q4_k_scales_mins, _row_codegen, _vec, _widen8, x86_call)
 from engine.quant.lowbit import IQ4_LEVELS
 
 V8 = _vec(I8, 32)
@@ -420,3 +422,174 @@ def iq4_nl_row_dot_tile(typingctx, row, nb, xq, xo, xstride, xd, do, dstride, re
     _x86_only("IQ4_NL")
     sig = types.void(row, nb, xq, xo, xstride, xd, do, dstride, res)
     return sig, _row_codegen(_Q8_0_TILE, TILE, _block(_iq4_nl_unpack, 32))
+
+
+# AVX-512 VNNI (Zen 4/5, Ice Lake and later): IQ4_XS's tile in 512-bit vectors, `vpdpbusd` as
+# x86_avx512.py's Q4_K tile. vpdpbusd multiplies unsigned weights by signed activations and
+# there is no 512-bit `vpsignb` to move the levels' signs across, so the levels are looked up
+# biased by +128 (1..241, unsigned) and the bias comes back through the Q8_K sums:
+# sum (l + 128) x = sum l x + 128 sum x, with sum x = bsums[2j] + bsums[2j + 1] per sub-block j.
+# A 4-value lane reaches 4 * 241 * 127 = 122428, past int16, so the sub-block scales multiply
+# the i32 lanes (`vpmulld`) instead of x86_avx512.py's vpackssdw + vpdpwssd.
+_IQ4_LEVELS_U8 = [int(v) + 128 for v in IQ4_LEVELS] * 4
+# 64 nibble indices from a 32-byte run of two sub-blocks in value order: the 128-bit lanes are
+# (sub-block 2c low nibbles, its high nibbles, 2c + 1 low, 2c + 1 high); the high nibbles shift
+# down per 16-bit lane (vpsrlvw), the & 15 drops what crosses from the neighbouring byte
+_IQ4_SPREAD = list(range(16)) * 2 + list(range(16, 32)) * 2
+_IQ4_SHIFT = ([0] * 8 + [4] * 8) * 2
+
+
+def _iq4_xs_block_512(row, a, i, accs):
+    b = row.b
+    v64, v16, w32 = _vec(I8, 64), _vec(I32, 16), _vec(I16, 32)
+    p = b.mul(i, _c64(136))
+    _prefetch(row, p, 136)
+    d = row.half(p)
+    sh = b.zext(row.load("row", b.add(p, _c64(2)), I16, align=1), I32)
+    sl = row.load("row", b.add(p, _c64(4)), I32, align=1)
+    shv = b.and_(b.lshr(_splat_i32(b, sh), ir.Constant(D32, [2 * j for j in range(8)])), ir.Constant(D32, [3] * 8))
+    slv = b.and_(b.lshr(_splat_i32(b, sl), ir.Constant(D32, [4 * j for j in range(8)])), ir.Constant(D32, [15] * 8))
+    ls = b.sub(b.or_(slv, b.shl(shv, ir.Constant(D32, [4] * 8))), ir.Constant(D32, [32] * 8))  # -32..31
+    # the bias term per sub-block against the sums: -128 * scale j in i16 lanes 2j, 2j + 1 (|.| <= 4096)
+    bias = b.mul(b.trunc(b.shuffle_vector(ls, ls, ir.Constant(v16, [k // 2 for k in range(16)])), W16),
+                 ir.Constant(W16, [-128] * 16))
+    table = ir.Constant(v64, _IQ4_LEVELS_U8)
+    weights, scales = [], []
+    for c in range(4):
+        q = row.load("row", b.add(p, _c64(8 + 32 * c)), V8, align=1)
+        spread = b.shuffle_vector(q, q, ir.Constant(_vec(I32, 64), _IQ4_SPREAD))
+        idx = b.and_(b.bitcast(b.lshr(b.bitcast(spread, w32), ir.Constant(w32, _IQ4_SHIFT)), v64),
+                     ir.Constant(v64, [15] * 64))
+        weights.append(b.bitcast(x86_call(b, "llvm.x86.avx512.pshuf.b.512", v64, [table, idx]), v16))
+        scales.append(b.shuffle_vector(ls, ls, ir.Constant(v16, [2 * c] * 8 + [2 * c + 1] * 8)))
+    zero = ir.Constant(v16, [0] * 16)
+    for t in range(row.ntok):
+        o = b.add(row.offset("xo", "xstride", t), b.mul(i, _c64(256)))
+        isum = None
+        for c in range(4):
+            x = b.bitcast(row.load("xq", b.add(o, _c64(64 * c)), v64, align=1), v16)
+            part = b.mul(x86_call(b, "llvm.x86.avx512.vpdpbusd.512", v16, [zero, weights[c], x]), scales[c])
+            isum = part if isum is None else b.add(isum, part)
+        sums = row.load("xs", b.add(row.offset("so", "sstride", t), b.mul(i, _c64(16))), W16, align=2)
+        isum = b.add(isum, _widen8(b, _madd(b, sums, bias)))
+        xd = row.load("xd", b.add(row.offset("do", "dstride", t), i), F32)
+        _accumulate(b, accs[t], isum, b.fmul(d, xd))
+
+
+@intrinsic
+def iq4_xs_row_dot_tile_512(typingctx, row, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res, grid):
+    """`iq4_xs_row_dot_tile` in 512-bit AVX-512 VNNI instructions (`vpdpbusd`, `vpshufb` zmm); on
+    every other x86 level it is `iq4_xs_row_dot_tile` (lowbit_kernels' drivers type every kind)."""
+    from engine.quant import paths
+
+    args = (row, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res, grid)
+    if paths.target().level != "avx512vnni":
+        return _q8k_tile("IQ4_XS", args)
+    _x86_only("IQ4_XS")
+    return types.void(*args), _row_codegen(_Q8K_TILE, TILE, _iq4_xs_block_512, lanes=16)
+
+
+def _q3_k_block_512(row, a, i, accs):
+    """Q3_K's tile on AVX-512 VNNI: x86_avx512.py's Q6_K scheme (a scale per 16 values). The
+    quants are 0..7 (the -4 through the sums, as the AVX2 tile), so a 4-value `vpdpbusd` lane is
+    at most 4 * 7 * 128 and two results narrow into one vector (`vpackssdw`) for one
+    `vpdpwssd` by the scales. Vector c holds values 64c..64c+63: runs 2c, 2c + 1 of the block,
+    i.e. the 2-bit fields s = 2 (c % 2) and s + 1 of qs half c // 2 and hmask bits 2c, 2c + 1."""
+    b = row.b
+    v64, v16 = _vec(I8, 64), _vec(I32, 16)
+    p = b.mul(i, _c64(110))
+    _prefetch(row, p, 110)
+    d = row.half(b.add(p, _c64(108)), lane=3)
+    words = [row.load("row", b.add(p, _c64(k)), I32, align=1) for k in (96, 100, 104)]
+    all16 = b.sext(_q3_k_scales(b, *words), W16)
+    groups = GroupScales(all16, lambda g: g)
+    hm = row.load("row", p, V8, align=1)
+    qv = []
+    for c in range(4):
+        qs = row.load("row", b.add(p, _c64(32 + 32 * (c // 2))), V8, align=1)
+        s = 2 * (c % 2)
+        low = b.and_(_both_halves(b, qs, (2 * s, 2 * s + 2)), ir.Constant(v64, [3] * 64))
+        high = b.and_(_both_halves(b, hm, (2 * c, 2 * c + 1)), ir.Constant(v64, [1] * 64))
+        qv.append(b.bitcast(b.or_(low, b.shl(high, ir.Constant(v64, [2] * 64))), v16))
+    pairs = [(0, 1), (2, 3)]
+    pscales = [groups.packed_pairs(b, [4 * ca + L for L in range(4)], [4 * cb + L for L in range(4)])
+               for ca, cb in pairs]
+    offset = b.mul(all16, ir.Constant(W16, [-4] * 16))
+    zero = ir.Constant(v16, [0] * 16)
+    for t in range(row.ntok):
+        o = b.add(row.offset("xo", "xstride", t), b.mul(i, _c64(256)))
+        dots = [x86_call(b, "llvm.x86.avx512.vpdpbusd.512", v16,
+                         [zero, qv[c], b.bitcast(row.load("xq", b.add(o, _c64(64 * c)), v64, align=1), v16)])
+                for c in range(4)]
+        isum = zero
+        for (ca, cb), sv in zip(pairs, pscales):
+            narrow = x86_call(b, "llvm.x86.avx512.packssdw.512", _vec(I16, 32), [dots[ca], dots[cb]])
+            isum = x86_call(b, "llvm.x86.avx512.vpdpwssd.512", v16, [isum, b.bitcast(narrow, v16), sv])
+        sums = row.load("xs", b.add(row.offset("so", "sstride", t), b.mul(i, _c64(16))), W16, align=2)
+        isum = b.add(isum, _widen8(b, _madd(b, sums, offset)))
+        xd = row.load("xd", b.add(row.offset("do", "dstride", t), i), F32)
+        _accumulate(b, accs[t], isum, b.fmul(d, xd))
+
+
+@intrinsic
+def q3_k_row_dot_tile_512(typingctx, row, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res, grid):
+    """`q3_k_row_dot_tile` in 512-bit AVX-512 VNNI instructions; `q3_k_row_dot_tile` elsewhere."""
+    from engine.quant import paths
+
+    args = (row, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res, grid)
+    if paths.target().level != "avx512vnni":
+        return _q8k_tile("Q3_K", args)
+    _x86_only("Q3_K")
+    return types.void(*args), _row_codegen(_Q8K_TILE, TILE, _q3_k_block_512, lanes=16)
+
+
+def _q5_k_block_512(row, a, i, accs):
+    """Q5_K's tile on AVX-512 VNNI: x86_avx512.py's Q4_K scheme plus the fifth bit (quants 0..31:
+    a 4-value `vpdpbusd` lane is at most 4 * 31 * 128, so two narrow into one `vpdpwssd` by the
+    scales); the mins through the Q8_K sums, as the AVX2 tile. Vector c holds values
+    64c..64c+63: runs 2c, 2c + 1, the nibbles of qs[32c..] and qh bits 2c, 2c + 1."""
+    b = row.b
+    v64, v16 = _vec(I8, 64), _vec(I32, 16)
+    p = b.mul(i, _c64(176))
+    _prefetch(row, p, 176)
+    words = [row.load("row", b.add(p, _c64(k)), I32, align=1) for k in (4, 8, 12)]
+    packed = b.zext(_q4_k_scales_mins(b, *words), W16)  # lanes 0-7 scales, 8-15 mins
+    groups = GroupScales(packed, lambda g: g // 2)
+    mins = _lane_splat(b, packed, [8 + k // 2 for k in range(16)])
+    qh = row.load("row", b.add(p, _c64(16)), V8, align=1)
+    qv = []
+    for c in range(4):
+        qs = row.load("row", b.add(p, _c64(48 + 32 * c)), V8, align=1)
+        low = b.and_(_both_halves(b, qs, (0, 4)), ir.Constant(v64, [15] * 64))
+        high = b.and_(_both_halves(b, qh, (2 * c, 2 * c + 1)), ir.Constant(v64, [1] * 64))
+        qv.append(b.bitcast(b.or_(low, b.shl(high, ir.Constant(v64, [4] * 64))), v16))
+    d, dmin = row.half(p), row.half(b.add(p, _c64(2)))
+    pairs = [(0, 1), (2, 3)]
+    pscales = [groups.packed_pairs(b, [4 * ca + L for L in range(4)], [4 * cb + L for L in range(4)])
+               for ca, cb in pairs]
+    zero = ir.Constant(v16, [0] * 16)
+    for t in range(row.ntok):
+        o = b.add(row.offset("xo", "xstride", t), b.mul(i, _c64(256)))
+        dots = [x86_call(b, "llvm.x86.avx512.vpdpbusd.512", v16,
+                         [zero, qv[c], b.bitcast(row.load("xq", b.add(o, _c64(64 * c)), v64, align=1), v16)])
+                for c in range(4)]
+        isum = zero
+        for (ca, cb), sv in zip(pairs, pscales):
+            narrow = x86_call(b, "llvm.x86.avx512.packssdw.512", _vec(I16, 32), [dots[ca], dots[cb]])
+            isum = x86_call(b, "llvm.x86.avx512.vpdpwssd.512", v16, [isum, b.bitcast(narrow, v16), sv])
+        xd = row.load("xd", b.add(row.offset("do", "dstride", t), i), F32)
+        _accumulate(b, accs[t], isum, b.fmul(d, xd))
+        sums = row.load("xs", b.add(row.offset("so", "sstride", t), b.mul(i, _c64(16))), W16, align=2)
+        _accumulate(b, accs[t], _widen8(b, _madd(b, sums, mins)), b.fsub(ir.Constant(F32, 0.0), b.fmul(dmin, xd)))
+
+
+@intrinsic
+def q5_k_row_dot_tile_512(typingctx, row, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res, grid):
+    """`q5_k_row_dot_tile` in 512-bit AVX-512 VNNI instructions; `q5_k_row_dot_tile` elsewhere."""
+    from engine.quant import paths
+
+    args = (row, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res, grid)
+    if paths.target().level != "avx512vnni":
+        return _q8k_tile("Q5_K", args)
+    _x86_only("Q5_K")
+    return types.void(*args), _row_codegen(_Q8K_TILE, TILE, _q5_k_block_512, lanes=16)

@@ -76,8 +76,29 @@ def test_integer_row_kernels_use_the_x86_dot_instructions(qtype, tokens):
 @pytest.mark.parametrize("qtype", list(LOWBIT_EXPECTED), ids=lambda t: t.name)
 def test_low_bit_kernels_use_the_x86_dot_instructions(qtype, tokens):
     asm = "\n".join(asm_of(_compiled(qtype, tokens)))
-    missing = [op for op in LOWBIT_EXPECTED[qtype] if op not in asm]
+    want = LOWBIT_EXPECTED[qtype]
+    if tokens > 1 and paths.tile_level(qtype) == "avx512vnni":
+        want = VNNI512_TILE_EXPECTED[qtype]
+    missing = [op for op in want if op not in asm]
     assert not missing, f"{qtype.name} x{tokens}: no {missing} in the kernel's assembly"
+
+
+# the tiles on AVX-512 VNNI (x86_lowbit.py's *_block_512): 4-value sums by
+# vpdpbusd; IQ4_XS's biased levels looked up with vpshufb and its sub-block scales by vpmulld,
+# Q3_K's and Q5_K's sums narrowed (vpackssdw) for vpdpwssd by the scales
+VNNI512_TILE_EXPECTED = {
+    T.IQ4_XS: ("vpshufb", "vpdpbusd", "vpmulld", "prefetcht0"),
+    T.Q3_K: ("vpdpbusd", "vpackssdw", "vpdpwssd", "prefetcht0"),
+    T.Q5_K: ("vpdpbusd", "vpackssdw", "vpdpwssd", "prefetcht0"),
+}
+
+
+@pytest.mark.skipif(paths.target().level != "avx512vnni", reason="numba compiling for AVX-512 VNNI")
+@pytest.mark.parametrize("qtype", paths.X86_LOWBIT_VNNI512, ids=lambda t: t.name)
+def test_low_bit_vnni_tiles_use_512_bit_registers(qtype):
+    asm = "\n".join(asm_of(_compiled(qtype, 5)))
+    wide = [line for line in asm.splitlines() if "vpdpbusd" in line and "zmm" in line]
+    assert wide, f"{qtype.name}: no vpdpbusd on zmm registers in the tile kernel"
 
 
 @pytest.mark.skipif(paths.target().vector_bytes != 64, reason="numba compiling for AVX-512BW")

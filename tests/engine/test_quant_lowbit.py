@@ -114,7 +114,10 @@ def test_path_chooser_names_the_paths(qtype):
     int8 = qtype in X86_INT8 and paths.target().level in paths.X86_INT8_LEVELS
     # long prompts: the tiles where Q4_K's take every length (Zen with AVX-512), else BLAS
     long = int8 and K._tiles_win_at_every_length()
-    want = {"decode": "avx2-int8" if int8 else "float", "prefill": "avx2-int8" if long else "dequantize+blas"}
+    # IQ4_XS's, Q3_K's and Q5_K's tiles are 512-bit vpdpbusd on AVX-512 VNNI (x86_lowbit.py)
+    vnni512 = paths.target().level == "avx512vnni" and qtype in paths.X86_LOWBIT_VNNI512
+    tile = "avx512vnni-int8" if vnni512 else "avx2-int8"
+    want = {"decode": "avx2-int8" if int8 else "float", "prefill": tile if long else "dequantize+blas"}
     assert paths.kernel_paths([qtype]) == {qtype.name: want}
     assert K.has_int8_kernels(qtype) == int8 and K.has_multi_token_kernel(qtype) == int8
     # a chat turn's suffix runs the integer tile (kernels.SHORT_PREFILL) on every x86 level

@@ -88,6 +88,8 @@ for qt in X86_INT8:
         xr = round_activations(x, qt).astype(np.float64)
         worst = max(worst, float(np.max(np.abs(got - xr @ W.T) / (RTOL * (np.abs(xr) @ np.abs(W).T) + 1e-30))))
     res["errors"][qt.name] = worst
+# IQ4_XS's, Q3_K's and Q5_K's tiles: 512-bit vpdpbusd at avx512vnni only (x86_lowbit.py), AVX2 elsewhere
+res["vnni512_tiles"] = {qt.name: "vpdpbusd" in "\n".join(asm_of(K._LOWBIT_MM[qt])) for qt in paths.X86_LOWBIT_VNNI512}
 asm = "\n".join(asm_of(K._mm_k_q8k))
 res["asm"] = {op: op in asm for op in sys.argv[1].split(",") if op}
 # the Q8_0 decode row and tile: the block scale converted without a merge into a live register
@@ -121,6 +123,7 @@ def test_level_kernels_match_the_exact_product(level, tmp_path):
     assert all(e <= 1.0 for e in res["errors"].values()), res["errors"]
     assert all(res["asm"][op] for op in want), res["asm"]
     assert not any(res["asm"][op] for op in banned), res["asm"]
+    assert all(v == (level == "avx512vnni") for v in res["vnni512_tiles"].values()), res["vnni512_tiles"]
     # a scalar f16 load merged into the accumulator's register (vpinsrw) chained every Q8_0 block
     # to the previous block's FMA: 3.3 GB/s instead of 6-15 on AVX2 (int8_dot._half_at)
     assert not res["q8_0_merges"], res["q8_0_merges"]
