@@ -40,3 +40,19 @@ def tiny_engine(tiny_model_path):
     from engine.settings import Settings
 
     return Engine.load(str(tiny_model_path), settings=Settings.from_env(os.environ))
+
+
+@pytest.fixture
+def moto_s3(monkeypatch):
+    """moto's in-process S3 with the bucket "snaps", and fake credentials so boto3 signs nothing real."""
+    from moto import mock_aws
+
+    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                 "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(k, v)
+    with mock_aws():
+        import boto3
+
+        client = boto3.client("s3", region_name="us-east-1")
+        client.create_bucket(Bucket="snaps")
+        yield client

@@ -109,33 +109,22 @@ def test_extend_cached_and_checkpoint_beats_nothing(model_factory):
     assert (r.mode, r.reused_tokens, r.prefilled_tokens) == ("snapshot_memory", 300, 0)
 
 
-def _tiers(model_factory, weights, tier, tmp_path, s3):
+def _tiers(model_factory, weights, tier, tmp_path, moto_s3):
     if tier == "memory":
         return dict(), dict()
     if tier == "efs":
         return dict(memory_bytes=0, dir=str(tmp_path)), dict(memory_bytes=0, dir=str(tmp_path))
-    return (dict(memory_bytes=0, s3_uri="s3://snaps/t", s3_client=s3),
-            dict(memory_bytes=0, s3_uri="s3://snaps/t", s3_client=s3))
+    return (dict(memory_bytes=0, s3_uri="s3://snaps/t", s3_client=moto_s3),
+            dict(memory_bytes=0, s3_uri="s3://snaps/t", s3_client=moto_s3))
 
 
-@pytest.fixture
-def s3(monkeypatch):
-    from moto import mock_aws
-
-    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                 "AWS_DEFAULT_REGION": "us-east-1"}.items():
-        monkeypatch.setenv(k, v)
-    with mock_aws():
-        c = boto3.client("s3", region_name="us-east-1")
-        c.create_bucket(Bucket="snaps")
-        yield c
 
 
 @pytest.mark.parametrize("weights", ["F32", "Q8_0", "Q4_K_M"])
 @pytest.mark.parametrize("tier", ["memory", "efs", "s3"])
-def test_restore_matches_a_fresh_full_prefill(model_factory, tmp_path, s3, weights, tier):
+def test_restore_matches_a_fresh_full_prefill(model_factory, tmp_path, moto_s3, weights, tier):
     m, _, _ = load(model_factory, weights)
-    kw1, kw2 = _tiers(model_factory, weights, tier, tmp_path, s3)
+    kw1, kw2 = _tiers(model_factory, weights, tier, tmp_path, moto_s3)
     first = new_store(model_factory, weights, **kw1)
     a = Session(m, store=first)
     a.prefill(PROMPT, boundaries=[100])
@@ -160,12 +149,12 @@ def test_restore_matches_a_fresh_full_prefill(model_factory, tmp_path, s3, weigh
         assert cosine(r.logits, f.logits) >= 0.999
 
 
-def test_restored_whole_prompt_from_s3_needs_no_prefill(model_factory, s3):
+def test_restored_whole_prompt_from_s3_needs_no_prefill(model_factory, moto_s3):
     m, _, _ = load(model_factory)
-    st = new_store(model_factory, memory_bytes=0, s3_uri="s3://snaps/w", s3_client=s3)
+    st = new_store(model_factory, memory_bytes=0, s3_uri="s3://snaps/w", s3_client=moto_s3)
     r0 = Session(m, store=st).prefill(PROMPT)
     st.flush(30)
-    r = Session(m, store=new_store(model_factory, memory_bytes=0, s3_uri="s3://snaps/w", s3_client=s3)).prefill(PROMPT)
+    r = Session(m, store=new_store(model_factory, memory_bytes=0, s3_uri="s3://snaps/w", s3_client=moto_s3)).prefill(PROMPT)
     assert (r.mode, r.reused_tokens, r.prefilled_tokens) == ("snapshot_s3", 300, 0)
     assert np.array_equal(r.logits, r0.logits)
 

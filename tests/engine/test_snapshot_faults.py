@@ -359,17 +359,6 @@ def test_an_s3_object_too_large_for_its_prefix_is_not_allocated(moto_s3):
     assert ign["reason"] == "too_large" and ign["deleted"] is True
 
 
-@pytest.fixture
-def moto_s3(monkeypatch):
-    from moto import mock_aws
-    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                 "AWS_DEFAULT_REGION": "us-east-1"}.items():
-        monkeypatch.setenv(k, v)
-    with mock_aws():
-        import boto3
-        c = boto3.client("s3", region_name="us-east-1")
-        c.create_bucket(Bucket="snaps")
-        yield c
 
 
 def test_a_bad_s3_object_over_http_is_repaired_and_a_second_process_restores_it(moto_server):  # noqa: F811

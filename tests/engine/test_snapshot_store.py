@@ -378,17 +378,6 @@ def test_settings_from_env_read_every_snapshot_variable(tmp_path):
 
 # ---- S3 -------------------------------------------------------------------------------------
 
-@pytest.fixture
-def moto_s3(monkeypatch):
-    from moto import mock_aws
-
-    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                 "AWS_DEFAULT_REGION": "us-east-1"}.items():
-        monkeypatch.setenv(k, v)
-    with mock_aws():
-        client = boto3.client("s3", region_name="us-east-1")
-        client.create_bucket(Bucket="snaps")
-        yield client
 
 
 @pytest.mark.parametrize("kind", ["truncated", "corrupt", "wrong_version", "wrong_model", "stale"])
