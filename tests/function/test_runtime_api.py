@@ -7,94 +7,19 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import subprocess
 import sys
-import threading
-import time
-import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+from tests.function.runtime_api_fake import FakeRuntimeAPI
 
 
 ROOT = Path(__file__).resolve().parents[2]
 EVENTS = ROOT / "events"
-PREFIX = "/2018-06-01/runtime"
-
-
-class RuntimeAPI:
-    """A minimal Lambda Runtime API: hands out queued events, records responses and errors."""
-
-    def __init__(self, events: list[dict]):
-        self.pending: queue.Queue = queue.Queue()
-        for e in events:
-            self.pending.put(e)
-        self.results: dict[str, dict] = {}
-        self.order: list[str] = []
-        self.done = threading.Event()
-        self.expected = len(events)
-        api = self
-
-        class H(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *a):
-                """Keep the Runtime API's access log out of the test output."""
-
-            def _reply(self, code: int, body: bytes = b"", headers: dict | None = None):
-                self.send_response(code)
-                for k, v in (headers or {}).items():
-                    self.send_header(k, v)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def do_GET(self):
-                if self.path != f"{PREFIX}/invocation/next":
-                    return self._reply(404)
-                try:
-                    event = api.pending.get(timeout=120)
-                except queue.Empty:
-                    return self._reply(500)
-                rid = str(uuid.uuid4())
-                api.order.append(rid)
-                self._reply(200, json.dumps(event).encode(), {
-                    "Lambda-Runtime-Aws-Request-Id": rid,
-                    "Lambda-Runtime-Deadline-Ms": str(int(time.time() * 1000) + 60_000),
-                    "Lambda-Runtime-Invoked-Function-Arn": "arn:aws:lambda:us-east-1:123456789012:function:warmllm",
-                    "Lambda-Runtime-Trace-Id": "Root=1-5759e988-bd862e3fe1be46a994272793;Sampled=1",
-                    "Content-Type": "application/json"})
-
-            def do_POST(self):
-                n = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(n) if n else b""
-                parts = self.path[len(PREFIX):].strip("/").split("/")
-                if parts[:2] == ["init", "error"]:
-                    api.results["init"] = {"kind": "init_error", "body": json.loads(body or b"{}")}
-                    api.done.set()
-                elif parts[0] == "invocation" and len(parts) == 3 and parts[2] in ("response", "error"):
-                    api.results[parts[1]] = {"kind": parts[2], "body": json.loads(body or b"null")}
-                    if len(api.results) >= api.expected:
-                        api.done.set()
-                else:
-                    return self._reply(404)
-                self._reply(202, b'{"status":"OK"}', {"Content-Type": "application/json"})
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.server.server_address[1]}"
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def run_ric(handler: str, events: list[dict], env_extra: dict, timeout: float = 240.0):
-    api = RuntimeAPI(events)
+    api = FakeRuntimeAPI(events, deadline_ms=60_000)
     env = {**os.environ, "AWS_LAMBDA_RUNTIME_API": api.address, "AWS_LAMBDA_FUNCTION_NAME": "warmllm",
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
            **env_extra}
@@ -118,10 +43,11 @@ def test_three_invocations_first_cold_then_warm(tiny_model_path, tmp_path):
     events = [json.loads((EVENTS / n).read_text()) for n in ("health.json", "chat_http_api.json", "completion.json")]
     api, out = run_ric("function.app.handler", events,
                        {"MODEL_PATH": str(tiny_model_path), "INIT_BUDGET_S": "120"})
-    results = [api.results[rid] for rid in api.order]
+    results = [api.posts[rid] for rid in api.order]
     assert [r["kind"] for r in results] == ["response"] * 3, out[-3000:]
-    bodies = [json.loads(r["body"]["body"]) for r in results]
-    assert [r["body"]["statusCode"] for r in results] == [200, 200, 200]
+    responses = [json.loads(r["body"]) for r in results]
+    bodies = [json.loads(r["body"]) for r in responses]
+    assert [r["statusCode"] for r in responses] == [200, 200, 200]
     assert bodies[0]["status"] == "ok" and bodies[0]["cold"] is True
     assert bodies[1]["object"] == "chat.completion" and bodies[2]["object"] == "text_completion"
     lines = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
@@ -138,6 +64,6 @@ def test_runtime_error_endpoint(tmp_path):
     event = json.loads((EVENTS / "health.json").read_text())
     api, out = run_ric("function.app.no_such_handler", [event], {"MODEL_PATH": str(tmp_path / "none.gguf"),
                                                                  "INIT_BUDGET_S": "5"}, timeout=60)
-    (res,) = api.results.values()
-    assert res["kind"] in ("error", "init_error"), res
-    assert "no_such_handler" in json.dumps(res["body"])
+    (res,) = [*api.posts.values(), *([api.init_error] if api.init_error else [])]
+    assert res is api.init_error or res["kind"] == "error", res
+    assert "no_such_handler" in res["body"].decode()

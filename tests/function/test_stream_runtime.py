@@ -10,12 +10,9 @@ from __future__ import annotations
 import base64
 import json
 import os
-import queue
 import subprocess
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -23,88 +20,11 @@ import pytest
 from function import stream_runtime as sr
 from function import streaming as sse_mod
 from function.runtime import Runtime
+from tests.function.runtime_api_fake import FakeRuntimeAPI
 
 ROOT = Path(__file__).resolve().parents[2]
 EVENTS = ROOT / "events"
 PREFIX = "/2018-06-01/runtime"
-
-
-class FakeRuntimeAPI:
-    """/next hands out queued events; /response and /error record headers, each chunk with its
-    arrival time, the trailers, and the whole body."""
-
-    def __init__(self, events: list[tuple[str, dict]]):
-        self.pending: queue.Queue = queue.Queue()
-        for rid, ev in events:
-            self.pending.put((rid, ev))
-        self.posts: dict[str, dict] = {}
-        self.init_error: dict | None = None
-        api = self
-
-        class H(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *a):
-                """Quiet."""
-
-            def _reply(self, code: int, body: bytes = b"", headers: dict | None = None):
-                self.send_response(code)
-                for k, v in (headers or {}).items():
-                    self.send_header(k, v)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def do_GET(self):
-                assert self.path == f"{PREFIX}/invocation/next", self.path
-                rid, ev = api.pending.get(timeout=60)
-                self._reply(200, json.dumps(ev).encode(), {
-                    "Lambda-Runtime-Aws-Request-Id": rid,
-                    "Lambda-Runtime-Deadline-Ms": str(int(time.time() * 1000) + 120_000),
-                    "Lambda-Runtime-Invoked-Function-Arn": "arn:aws:lambda:us-east-1:123456789012:function:warmllm",
-                    "Lambda-Runtime-Trace-Id": "Root=1-5759e988-bd862e3fe1be46a994272793;Sampled=1",
-                    "Content-Type": "application/json"})
-
-            def do_POST(self):
-                rec: dict = {"headers": {k.lower(): v for k, v in self.headers.items()}, "chunks": [],
-                             "trailers": {}, "path": self.path}
-                if rec["headers"].get("transfer-encoding") == "chunked":
-                    while True:                       # HTTP/1.1 chunked framing, read as it arrives
-                        size_line = self.rfile.readline()
-                        size = int(size_line.split(b";")[0].strip(), 16)
-                        if size == 0:
-                            while True:
-                                line = self.rfile.readline()
-                                if line in (b"\r\n", b""):
-                                    break
-                                k, _, v = line.decode().partition(":")
-                                rec["trailers"][k.strip().lower()] = v.strip()
-                            break
-                        data = self.rfile.read(size)
-                        rec["chunks"].append((time.monotonic(), data))
-                        assert self.rfile.read(2) == b"\r\n"
-                    rec["body"] = b"".join(d for _, d in rec["chunks"])
-                else:
-                    n = int(self.headers.get("Content-Length") or 0)
-                    rec["body"] = self.rfile.read(n)
-                parts = self.path[len(PREFIX):].strip("/").split("/")
-                if parts[:2] == ["init", "error"]:
-                    api.init_error = rec
-                else:
-                    rec["kind"] = parts[2]
-                    api.posts[parts[1]] = rec
-                self._reply(202, b'{"status":"OK"}', {"Content-Type": "application/json"})
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.server.server_address[1]}"
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def event(name: str, **body_changes) -> dict:
