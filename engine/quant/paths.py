@@ -62,6 +62,7 @@ X86_INT8_LEVELS = ("avx512vnni", "avx512bw", "avxvnni", "avx2")
 # of those, the formats whose tile is 512-bit `vpdpbusd` on avx512vnni (x86_lowbit.py, after the AVX2 code)
 X86_LOWBIT_VNNI512 = (T.IQ4_XS, T.Q3_K, T.Q5_K)
 ARM_INT8_FORMATS = (T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0)  # arm_neon.py's rows and tiles
+ARM_LOWBIT_INT8 = (T.Q2_K, T.Q3_K, T.IQ4_XS, T.IQ4_NL, T.IQ3_S)  # arm_lowbit.py's `sdot` rows and tiles
 TILE_FORMATS = (T.Q4_K, T.Q6_K)                 # per-ISA tiles; Q8_0's tile is portable IR
 
 
@@ -127,7 +128,7 @@ def has_int8(qtype) -> bool:
     """Whether `qtype`'s products run in integer arithmetic here: decode rows, and the tiles of
     the formats that have them (X86_LOWBIT_INT8: decode rows only)."""
     level = target().level
-    formats = ARM_INT8_FORMATS if level in ARM_LEVELS else INT8_FORMATS + X86_LOWBIT_INT8
+    formats = ARM_INT8_FORMATS + ARM_LOWBIT_INT8 if level in ARM_LEVELS else INT8_FORMATS + X86_LOWBIT_INT8
     return T(qtype) in formats and level != "portable"
 
 
