@@ -35,6 +35,7 @@ takes MATVEC_INT8 and MULTI_TOKEN_INT8 from here instead of lowbit_kernels' (x86
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
@@ -408,6 +409,6 @@ def _mm_iq4_nl(w, xq, xd, out):
                     out[t0 + t, r] = res[t]
 
 
-MATVEC_INT8 = {T.Q2_K: _mv_q2_k, T.Q3_K: _mv_q3_k, T.IQ4_XS: _mv_iq4_xs, T.IQ3_S: _mv_iq3_s, T.IQ4_NL: _mv_iq4_nl}
-MULTI_TOKEN_INT8 = {T.Q2_K: _mm_q2_k, T.Q3_K: _mm_q3_k, T.IQ4_XS: _mm_iq4_xs, T.IQ3_S: _mm_iq3_s,
+MATVEC_INT8: dict[T, Any] = {T.Q2_K: _mv_q2_k, T.Q3_K: _mv_q3_k, T.IQ4_XS: _mv_iq4_xs, T.IQ3_S: _mv_iq3_s, T.IQ4_NL: _mv_iq4_nl}
+MULTI_TOKEN_INT8: dict[T, Any] = {T.Q2_K: _mm_q2_k, T.Q3_K: _mm_q3_k, T.IQ4_XS: _mm_iq4_xs, T.IQ3_S: _mm_iq3_s,
                     T.IQ4_NL: _mm_iq4_nl}

@@ -13,16 +13,18 @@ Levels (one kernel file each under engine/quant/):
 | `avx512bw` | Skylake-X / Cascade Lake without VNNI use | `vpmaddubsw` + `vpmaddwd`, 512-bit | `x86_avx512.py` |
 | `avxvnni` | Alder Lake+, Sierra Forest (AVX2 + VEX VNNI) | `vpdpbusd` + `vpackssdw` + `vpdpwssd`, 256-bit | `x86_avx2.py` |
 | `avx2` | Haswell+, Zen 1-3: the floor Lambda promises on x86 | `vpmaddubsw` + `vpmaddwd`, 256-bit | `x86_avx2.py` |
-| `neon-i8mm` | Graviton3/4 (Neoverse V1/V2): dotprod + i8mm | `sdot` rows, `smmla` tiles | `arm_neon.py` |
-| `neon-dotprod` | Graviton2 (Neoverse N1): Armv8.2 + dotprod | `sdot` rows and tiles | `arm_neon.py` |
+| `neon-i8mm` | Graviton3/4 (Neoverse V1/V2): dotprod + i8mm | `sdot` rows, `smmla` tiles (low-bit: `sdot`) | `arm_neon.py`, `arm_lowbit.py` |
+| `neon-dotprod` | Graviton2 (Neoverse N1): Armv8.2 + dotprod | `sdot` rows and tiles | `arm_neon.py`, `arm_lowbit.py` |
 | `portable` | arm64 without dot products, older x86 | float kernels, dequantize + BLAS | `kernels.py` |
 
 Q2_K, Q3_K, Q5_K, IQ4_XS, IQ4_NL and IQ3_S (`X86_LOWBIT_INT8`) have integer decode rows and
 short-prefill tiles on the x86 levels, the same AVX2 instructions on each (`x86_lowbit.py`,
 named `avx2-int8`), except IQ4_XS's, Q3_K's and Q5_K's tiles on avx512vnni (`X86_LOWBIT_VNNI512`:
 512-bit `vpdpbusd`, named `avx512vnni-int8`); their long prefills run the tiles where Q4_K's do (Zen with AVX-512),
-else dequantize + BLAS; IQ3_XXS, and the low-bit formats
-on arm64 (Q5_K aside: arm_neon.py), are float rows / dequantize + BLAS.
+else dequantize + BLAS. On arm64 with dot products Q2_K, Q3_K, IQ4_XS, IQ4_NL and IQ3_S
+(`ARM_LOWBIT_INT8`) have `sdot` decode rows and tiles (`arm_lowbit.py`, named `neon-dotprod-int8`
+for decode and for prefills of every length, V1/V2 included: no `smmla` tile for them yet), as
+Q4_K/Q5_K/Q6_K/Q8_0 have in `arm_neon.py`. IQ3_XXS is float rows / dequantize + BLAS everywhere.
 
 `kernel_paths()` is what the init log line and the bench receipt print:
 `{"Q4_K": {"decode": "avx2-int8", "prefill": "avx512vnni-int8"}, ...}`.

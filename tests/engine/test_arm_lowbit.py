@@ -85,6 +85,7 @@ def test_rows_catch_a_flipped_weight_bit():
     # the bound above is meaningful: one changed Q3_K high bit in one block shows
     rows, cols = 4, 512
     raw = _random_blocks(T.Q3_K, rows, cols, 3)
+    raw.reshape(-1, 110)[:, 108:110] = np.array([1.0], np.float16).view(np.uint8)  # blocks of one magnitude
     x = np.random.default_rng(1).standard_normal(cols, dtype=np.float32)
     ref, scale = _exact(T.Q3_K, raw, rows, cols, x[None])
     raw[2, 5] ^= 0x10  # row 2, block 0, hmask byte 5: bit 4 (value 128 + 5)
