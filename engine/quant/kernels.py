@@ -759,6 +759,8 @@ _MATVEC = {
 # The smaller downloads' formats (Q2_K, Q3_K, IQ4_NL, IQ4_XS, IQ3_S, IQ3_XXS): engine/quant/lowbit_kernels.py
 from .lowbit_kernels import DEQUANT as _LOWBIT_DEQUANT, MATVEC as _LOWBIT_MATVEC  # noqa: E402
 from .lowbit_kernels import MATVEC_INT8 as _LOWBIT_MATVEC_INT8, MULTI_TOKEN_INT8 as _LOWBIT_MM  # noqa: E402
+if paths.target().level in paths.ARM_LEVELS:  # arm64's `sdot` rows and tiles for them instead (arm_lowbit.py)
+    from .arm_lowbit import MATVEC_INT8 as _LOWBIT_MATVEC_INT8, MULTI_TOKEN_INT8 as _LOWBIT_MM
 
 _DEQUANT.update(_LOWBIT_DEQUANT)
 _MATVEC.update(_LOWBIT_MATVEC)

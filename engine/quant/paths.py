@@ -13,16 +13,18 @@ Levels (one kernel file each under engine/quant/):
 | `avx512bw` | Skylake-X / Cascade Lake without VNNI use | `vpmaddubsw` + `vpmaddwd`, 512-bit | `x86_avx512.py` |
 | `avxvnni` | Alder Lake+, Sierra Forest (AVX2 + VEX VNNI) | `vpdpbusd` + `vpackssdw` + `vpdpwssd`, 256-bit | `x86_avx2.py` |
 | `avx2` | Haswell+, Zen 1-3: the floor Lambda promises on x86 | `vpmaddubsw` + `vpmaddwd`, 256-bit | `x86_avx2.py` |
-| `neon-i8mm` | Graviton3/4 (Neoverse V1/V2): dotprod + i8mm | `sdot` rows, `smmla` tiles | `arm_neon.py` |
-| `neon-dotprod` | Graviton2 (Neoverse N1): Armv8.2 + dotprod | `sdot` rows and tiles | `arm_neon.py` |
+| `neon-i8mm` | Graviton3/4 (Neoverse V1/V2): dotprod + i8mm | `sdot` rows, `smmla` tiles (low-bit: `sdot`) | `arm_neon.py`, `arm_lowbit.py` |
+| `neon-dotprod` | Graviton2 (Neoverse N1): Armv8.2 + dotprod | `sdot` rows and tiles | `arm_neon.py`, `arm_lowbit.py` |
 | `portable` | arm64 without dot products, older x86 | float kernels, dequantize + BLAS | `kernels.py` |
 
 Q2_K, Q3_K, Q5_K, IQ4_XS, IQ4_NL and IQ3_S (`X86_LOWBIT_INT8`) have integer decode rows and
 short-prefill tiles on the x86 levels, the same AVX2 instructions on each (`x86_lowbit.py`,
 named `avx2-int8`), except IQ4_XS's, Q3_K's and Q5_K's tiles on avx512vnni (`X86_LOWBIT_VNNI512`:
 512-bit `vpdpbusd`, named `avx512vnni-int8`); their long prefills run the tiles where Q4_K's do (Zen with AVX-512),
-else dequantize + BLAS; IQ3_XXS, and the low-bit formats
-on arm64 (Q5_K aside: arm_neon.py), are float rows / dequantize + BLAS.
+else dequantize + BLAS. On arm64 with dot products Q2_K, Q3_K, IQ4_XS, IQ4_NL and IQ3_S
+(`ARM_LOWBIT_INT8`) have `sdot` decode rows and tiles (`arm_lowbit.py`, named `neon-dotprod-int8`
+for decode and for prefills of every length, V1/V2 included: no `smmla` tile for them yet), as
+Q4_K/Q5_K/Q6_K/Q8_0 have in `arm_neon.py`. IQ3_XXS is float rows / dequantize + BLAS everywhere.
 
 `kernel_paths()` is what the init log line and the bench receipt print:
 `{"Q4_K": {"decode": "avx2-int8", "prefill": "avx512vnni-int8"}, ...}`.
@@ -62,6 +64,7 @@ X86_INT8_LEVELS = ("avx512vnni", "avx512bw", "avxvnni", "avx2")
 # of those, the formats whose tile is 512-bit `vpdpbusd` on avx512vnni (x86_lowbit.py, after the AVX2 code)
 X86_LOWBIT_VNNI512 = (T.IQ4_XS, T.Q3_K, T.Q5_K)
 ARM_INT8_FORMATS = (T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0)  # arm_neon.py's rows and tiles
+ARM_LOWBIT_INT8 = (T.Q2_K, T.Q3_K, T.IQ4_XS, T.IQ4_NL, T.IQ3_S)  # arm_lowbit.py's `sdot` rows and tiles
 TILE_FORMATS = (T.Q4_K, T.Q6_K)                 # per-ISA tiles; Q8_0's tile is portable IR
 
 
@@ -127,7 +130,7 @@ def has_int8(qtype) -> bool:
     """Whether `qtype`'s products run in integer arithmetic here: decode rows, and the tiles of
     the formats that have them (X86_LOWBIT_INT8: decode rows only)."""
     level = target().level
-    formats = ARM_INT8_FORMATS if level in ARM_LEVELS else INT8_FORMATS + X86_LOWBIT_INT8
+    formats = ARM_INT8_FORMATS + ARM_LOWBIT_INT8 if level in ARM_LEVELS else INT8_FORMATS + X86_LOWBIT_INT8
     return T(qtype) in formats and level != "portable"
 
 
