@@ -61,7 +61,7 @@ RUN set -eux; \
     mkdir -p /opt/numba-cache; \
     printf '{"NUMBA_CPU_NAME": "%s", "NUMBA_CPU_FEATURES": ""}\n' "$cpu" > /opt/numba-cache/cpu.json; \
     NUMBA_CPU_NAME="$cpu" NUMBA_CPU_FEATURES="" NUMBA_CACHE_DIR=/opt/numba-cache \
-        python -m engine warm-kernels --weights Q4_K_M,Q8_0,F32; \
+        python -m engine warm-kernels; \
     python -m compileall -q /var/task/engine /var/task/function; \
     chmod -R a+rX /var/task /opt/numba-cache /opt/model
 

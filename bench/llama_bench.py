@@ -21,8 +21,9 @@ def _ids(n: int, seed: int, vocab: int) -> list[int]:
 
 
 def run(model: str, threads: int, p: int, n: int, extra_pp: tuple[int, ...], tbt: int = 32,
-        repeat: int = 2) -> dict:
-    """The same measurements as `engine.bench.run`, best of `repeat` where it takes the best."""
+        repeat: int = 2, ttft: bool = True) -> dict:
+    """The same measurements as `engine.bench.run`, best of `repeat` where it takes the best
+    (`ttft=False`, `tbt=0`: without the TTFT and token-by-token figures, as there)."""
     from llama_cpp import Llama
 
     t0 = time.perf_counter()
@@ -51,7 +52,8 @@ def run(model: str, threads: int, p: int, n: int, extra_pp: tuple[int, ...], tbt
         int(np.argmax(logits_of(llm)))
         return (time.perf_counter() - t) * 1e3
 
-    out["ttft_ms"] = round(min(ttft_ms() for _ in range(repeat)), 1)
+    if ttft:
+        out["ttft_ms"] = round(min(ttft_ms() for _ in range(repeat)), 1)
 
     llm.reset()
     llm.eval(_ids(8, 4, vocab))
@@ -68,7 +70,8 @@ def run(model: str, threads: int, p: int, n: int, extra_pp: tuple[int, ...], tbt
             llm.eval([tok])
         return tbt / (time.perf_counter() - t)
 
-    out["token_by_token_prefill_tok_s"] = round(max(token_by_token_tok_s() for _ in range(repeat)), 2)
+    if tbt > 0:
+        out["token_by_token_prefill_tok_s"] = round(max(token_by_token_tok_s() for _ in range(repeat)), 2)
     out["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     return out
 
@@ -81,10 +84,12 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("--extra-pp", default="")
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--tbt", type=int, default=32, help="token-by-token prefill tokens (0: skip)")
+    ap.add_argument("--no-ttft", action="store_true")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     extra = tuple(int(x) for x in a.extra_pp.split(",") if x)
-    print(json.dumps(run(a.model, a.threads, a.p, a.n, extra, repeat=a.repeat)))
+    print(json.dumps(run(a.model, a.threads, a.p, a.n, extra, tbt=a.tbt, repeat=a.repeat, ttft=not a.no_ttft)))
 
 
 if __name__ == "__main__":

@@ -130,9 +130,10 @@ def best_of(rounds: list[dict]) -> dict:
 
 
 def measure(model: Path, threads: int, p: int, n: int, env: dict, with_llama: bool, rounds: int,
-            extra_pp: str = "2048") -> dict:
+            extra_pp: str = "2048", quick: bool = False) -> dict:
+    """`quick` (--large): load, ready, pp, tg and peak RSS only, no empty-cache cold start."""
     common = ["--model", str(model), "-p", str(p), "-n", str(n), "--extra-pp", extra_pp, "--threads", str(threads),
-              "--repeat", "1", "--json"]
+              "--repeat", "1", "--json"] + (["--no-ttft", "--tbt", "0"] if quick else [])
     ours_runs, theirs_runs = [], []
     # one discarded run first, so no measured process compiles kernels: a compiling process's
     # RSS includes LLVM's (~190 MB: 20261201-082416 reported 1124 MB for Q4_K_M from the round
@@ -144,12 +145,13 @@ def measure(model: Path, threads: int, p: int, n: int, env: dict, with_llama: bo
         if with_llama:
             theirs_runs.append(_py(["-m", "bench.llama_bench", *common], env))
     ours = best_of(ours_runs)
-    # cold start with an empty kernel cache: every kernel compiles
-    cold_env = dict(env, NUMBA_CACHE_DIR=tempfile.mkdtemp(prefix="numba-cold-"))
-    cold = _py(["-m", "engine", "bench", "--model", str(model), "-p", "64", "-n", "4", "--threads", str(threads),
-                "--json"], cold_env)
-    shutil.rmtree(cold_env["NUMBA_CACHE_DIR"], ignore_errors=True)
-    ours["cold_start_ms_empty_cache"] = cold.get("ready_ms")
+    if not quick:
+        # cold start with an empty kernel cache: every kernel compiles
+        cold_env = dict(env, NUMBA_CACHE_DIR=tempfile.mkdtemp(prefix="numba-cold-"))
+        cold = _py(["-m", "engine", "bench", "--model", str(model), "-p", "64", "-n", "4", "--threads", str(threads),
+                    "--json"], cold_env)
+        shutil.rmtree(cold_env["NUMBA_CACHE_DIR"], ignore_errors=True)
+        ours["cold_start_ms_empty_cache"] = cold.get("ready_ms")
     ours["cold_start_ms_warm_cache"] = ours.get("ready_ms")
     row = {"ours": ours, "rounds": {"ours": ours_runs}}
     if with_llama:
@@ -204,10 +206,13 @@ def agent_summary(runs: list[dict]) -> dict:
     out["snapshot_bytes"] = {"min": sizes[0], "max": sizes[-1]} if sizes else None
     return out
 
-# `--large` (not in the default run; the lead measures): Qwen3.5-4B and -9B shapes in the files
-# that fit Lambda's 10 GB with room for the KV cache. Load time, ready time, peak RSS, pp512 and
-# tg128 against llama.cpp, native mode, no pp2048, no agent shape.
+# `--large` (not in the default run): Qwen3.5-4B and -9B shapes in the files that fit Lambda's
+# 10 GB with room for the KV cache. Load time, ready time, peak RSS, pp512 and tg128 against
+# llama.cpp, native mode; no pp2048, TTFT, token-by-token rate, empty-cache cold start, agent
+# shape or constrained decoding (at 2 threads a 9B prefill of 512 tokens is a minute or more).
+# `--large-only 9b:IQ4_XS,...` measures some of them.
 LARGE_RUNS = (("4b", "Q4_K_M"), ("9b", "Q3_K_M"), ("9b", "IQ4_XS"))
+KV_GOAL_TOKENS = 8192  # the RSS goal: peak RSS <= 1.1 x (file + K/V for this many tokens)
 
 
 @dataclass(frozen=True)
@@ -216,15 +221,51 @@ class Plan:
     modes: tuple[str, ...]
     extra_pp: str
     agent_rounds: int
+    constrained_rounds: int = 0
+    quick: bool = False                 # measure(quick=True)
 
 
 def plan(a: argparse.Namespace) -> Plan:
     """What a `bench.run` invocation measures."""
     if a.large:
         modes = ("native",) if a.modes is None else tuple(a.modes.split(","))
-        return Plan(LARGE_RUNS, modes, "", 0)
+        runs = LARGE_RUNS
+        if a.large_only:
+            want = [tuple(r.split(":", 1)) for r in a.large_only.split(",")]
+            unknown = [":".join(r) for r in want if r not in LARGE_RUNS]
+            if unknown:
+                raise SystemExit(f"--large-only {','.join(unknown)}: choose from "
+                                 + ",".join(":".join(r) for r in LARGE_RUNS))
+            runs = tuple(r for r in LARGE_RUNS if r in want)
+        return Plan(runs, modes, "", 0, 0, quick=True)
     modes = tuple((a.modes or "native,avx2,native-pinned").split(","))
-    return Plan(tuple((a.preset, w) for w in a.weights.split(",")), modes, "2048", a.agent_rounds)
+    return Plan(tuple((a.preset, w) for w in a.weights.split(",")), modes, "2048", a.agent_rounds,
+                a.constrained_rounds)
+
+
+def kv_bytes(model: Path, tokens: int) -> int:
+    """Bytes of our K/V cache (f32, engine/state.py) for `tokens` positions of this model."""
+    from engine.gguf_file import GGUFFile
+    from engine.models.qwen35 import Qwen35Config
+
+    c = Qwen35Config.from_gguf(GGUFFile(str(model)))
+    n_attn = sum(1 for il in range(c.n_layer) if not c.is_recurrent(il))
+    return 2 * n_attn * c.n_head_kv * c.head_dim * 4 * tokens
+
+
+def rss_goal(run: dict, model: Path, p: int) -> dict:
+    """The 9B RSS goal's figures: the budget 1.1 x (file + K/V for KV_GOAL_TOKENS), our peak as
+    measured (the bench's longest context is `p` tokens) and that peak with the K/V grown to
+    KV_GOAL_TOKENS (what the same process would hold at 8k tokens: the rest does not grow)."""
+    kv_goal, kv_used = kv_bytes(model, KV_GOAL_TOKENS), kv_bytes(model, p)
+    budget = 1.1 * (run["model_bytes"] + kv_goal)
+    out: dict = {"kv_tokens": KV_GOAL_TOKENS, "kv_bytes": kv_goal, "budget_mb": round(budget / 2**20, 1)}
+    peak = run.get("ours", {}).get("peak_rss_mb")
+    if isinstance(peak, (int, float)):
+        at_goal = peak + (kv_goal - kv_used) / 2**20
+        out.update(peak_rss_mb=peak, peak_rss_mb_at_kv_tokens=round(at_goal, 1),
+                   ratio=round(at_goal * 2**20 / (run["model_bytes"] + kv_goal), 3), met=at_goal * 2**20 <= budget)
+    return out
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -245,6 +286,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "default native,avx2,native-pinned (--large: native)")
     ap.add_argument("--large", action="store_true",
                     help="4B Q4_K_M, 9B Q3_K_M and 9B IQ4_XS (LARGE_RUNS) instead of --preset/--weights")
+    ap.add_argument("--large-only", default="", help="with --large: some of LARGE_RUNS, e.g. 4b:Q4_K_M,9b:IQ4_XS")
     return ap.parse_args(argv)
 
 
@@ -275,7 +317,11 @@ def main() -> int:
                    "numba_cpu_name": env.get("NUMBA_CPU_NAME"), "llama_cpp_build": variant, "blas": _blas_info(env)}
             run["preset"] = preset
             run["model_bytes"] = model.stat().st_size
-            run.update(measure(model, a.threads, a.p, a.n, env, with_llama, a.rounds, pl.extra_pp))
+            run["load_average_before"] = os.getloadavg()
+            run.update(measure(model, a.threads, a.p, a.n, env, with_llama, a.rounds, pl.extra_pp, pl.quick))
+            run["load_average_after"] = os.getloadavg()
+            if a.large:
+                run["rss_goal"] = rss_goal(run, model, a.p)
             receipt["runs"].append(run)
             _print(run)
     agent_model = ROOT / "models" / f"{a.preset}-Q4_K_M.gguf"
@@ -286,7 +332,7 @@ def main() -> int:
         receipt["agent_prefix"] = {"model": str(agent_model.relative_to(ROOT)), "summary": agent_summary(runs),
                                    "rounds": runs}
         _print_agent(receipt["agent_prefix"]["summary"])
-    if a.constrained_rounds > 0:
+    if pl.constrained_rounds > 0:
         receipt["constrained"] = constrained(a.preset, a.threads, a.constrained_rounds)
         c = receipt["constrained"]
         print(f"\nconstrained decoding ({c.get('model')}): json_schema {c.get('json_schema_tok_s')} tok/s vs "

@@ -2,4 +2,6 @@ import sys
 
 from engine.cli import main
 
-sys.exit(main())
+# guarded: the factory's worker processes (spawn) import the main module again
+if __name__ == "__main__":
+    sys.exit(main())

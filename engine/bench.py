@@ -24,9 +24,12 @@ def _ids(n: int, vocab: int, seed: int) -> list[int]:
 
 
 def run(model: str, p: int = 512, n: int = 128, threads: int | None = None, tbt: int = 32,
-        extra_pp: tuple[int, ...] = (), repeat: int = 2, settings: Settings | None = None) -> dict:
+        extra_pp: tuple[int, ...] = (), repeat: int = 2, settings: Settings | None = None,
+        ttft: bool = True) -> dict:
     """`repeat`: the short measurements (pp, TTFT, token-by-token) take the best of this many
-    runs; a single prefill on a shared 2-core machine varied by 10-15 % between runs."""
+    runs; a single prefill on a shared 2-core machine varied by 10-15 % between runs.
+    `ttft=False` and `tbt=0` leave out the TTFT and token-by-token figures (`make bench
+    --large`: on a 9B file at 2 threads each is minutes)."""
     t0 = time.perf_counter()
     eng = Engine.load(model, threads=threads, settings=settings)
     ready_ms = (time.perf_counter() - t0) * 1e3
@@ -57,7 +60,8 @@ def run(model: str, p: int = 512, n: int = 128, threads: int | None = None, tbt:
         int(np.argmax(s.prefill(_ids(AGENT_PROMPT_TOKENS, vocab, 3)).logits))
         return (time.perf_counter() - t) * 1e3
 
-    out["ttft_ms"] = round(min(ttft_ms() for _ in range(repeat)), 1)
+    if ttft:
+        out["ttft_ms"] = round(min(ttft_ms() for _ in range(repeat)), 1)
 
     s = Session(eng.model)
     logits = s.prefill(_ids(8, vocab, 4)).logits
@@ -74,7 +78,8 @@ def run(model: str, p: int = 512, n: int = 128, threads: int | None = None, tbt:
             s.step(tok)
         return tbt / (time.perf_counter() - t)
 
-    out["token_by_token_prefill_tok_s"] = round(max(token_by_token_tok_s() for _ in range(repeat)), 2)
-    out["batched_over_token_by_token"] = round(out["pp_tok_s"] / out["token_by_token_prefill_tok_s"], 2)
+    if tbt > 0:
+        out["token_by_token_prefill_tok_s"] = round(max(token_by_token_tok_s() for _ in range(repeat)), 2)
+        out["batched_over_token_by_token"] = round(out["pp_tok_s"] / out["token_by_token_prefill_tok_s"], 2)
     out["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     return out

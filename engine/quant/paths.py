@@ -57,6 +57,9 @@ ARM_CPU_FEATURES = {
 X86_64_V3 = ("64bit", "cmov", "cx8", "cx16", "fxsr", "mmx", "sahf", "sse", "sse2", "sse3", "ssse3", "sse4.1",
              "sse4.2", "crc32", "popcnt", "avx", "avx2", "bmi", "bmi2", "fma", "f16c", "lzcnt", "movbe", "xsave")
 
+# NUMBA_CPU_FEATURES="" on x86_64: the x86-64 micro-architecture levels' features, as for ARM above
+X86_CPU_FEATURES = {"x86-64-v3": X86_64_V3}
+
 INT8_FORMATS = (T.Q4_K, T.Q6_K, T.Q8_0)        # row kernels (decode) and tiles (prefill)
 # x86_lowbit.py's rows and short-prefill tiles (every x86 level): long prefills dequantize + BLAS
 X86_LOWBIT_INT8 = (T.Q2_K, T.Q3_K, T.IQ4_XS, T.IQ4_NL, T.IQ3_S, T.Q5_K)
@@ -123,6 +126,12 @@ def target() -> Target:
     machine = platform.machine()
     if machine in ARM and not flat.strip():
         feats = frozenset(ARM_CPU_FEATURES.get(name, ()))
+    if machine in X86 and not flat.strip():
+        # the x86_64 image's cache target (Dockerfile cpu.json: x86-64-v3, features ""): LLVM
+        # compiles for the name's own features, AVX2 + FMA + F16C; read as no features at all, it
+        # put the image on the portable float kernels (a 9B IQ4_XS warm-up dequantized every
+        # matrix: 36 s of ready time)
+        feats = frozenset(X86_CPU_FEATURES.get(name, ()))
     return Target(machine, name, feats)
 
 

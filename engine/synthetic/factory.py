@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -184,68 +184,180 @@ def _dt_bias(rng: np.random.Generator, n: int) -> np.ndarray:
     return np.array([(dt := math.exp(float(x))) + math.log(-math.expm1(-dt)) for x in u], dtype=np.float32)
 
 
-def _tensors(p: Preset, seed: int):
-    """Yield (name, f32 array in numpy order, kind, layer) for every tensor, in file order."""
+# rows of a matrix generated and encoded at a time: a 9B file's embedding and head are 1 G
+# values each (4 GB of f32 at once before); 4M values bound a worker to ~100 MB
+CHUNK_VALUES = 1 << 22
+
+
+@dataclass(frozen=True)
+class _Tensor:
+    """One tensor of the file: a matrix is N(0, std) from the generator `key` seeds, made in row
+    chunks (a numpy Generator's stream does not depend on how the draws are split, so the values
+    are those of one draw of the whole shape); a vector is `make()`."""
+    name: str
+    kind: str
+    layer: int
+    shape: tuple[int, ...]
+    key: str = ""
+    std: float = 0.0
+    make: Callable[[], np.ndarray] | None = None
+
+    def row_chunks(self, seed: int) -> Iterator[tuple[int, np.ndarray]]:
+        rows, cols = self.shape
+        rng = _rng(seed, self.key)
+        step = max(1, CHUNK_VALUES // cols)
+        for r in range(0, rows, step):
+            n = min(step, rows - r)
+            yield r, rng.standard_normal((n, cols), dtype=np.float32) * np.float32(self.std)
+
+
+def _conv(seed: int, b: str, rows: int, k: int) -> Callable[[], np.ndarray]:
+    return lambda: _normal(seed, b + "conv", (rows, k), 0.5)
+
+
+def _dt(seed: int, b: str, n: int) -> Callable[[], np.ndarray]:
+    return lambda: _dt_bias(_rng(seed, b + "dt"), n)
+
+
+def _ssm_a(seed: int, b: str, n: int) -> Callable[[], np.ndarray]:
+    return lambda: (-_rng(seed, b + "A").uniform(1.0, 16.0, n).astype(np.float32)).astype(np.float32)
+
+
+def _tensor_specs(p: Preset, seed: int) -> list[_Tensor]:
+    """Every tensor, in file order (names, shapes and generators as llama.cpp's converter names
+    and shapes Qwen3.5's; shapes in numpy order)."""
     E = p.n_embd
     key_dim = p.n_k_heads * p.d_state
     value_dim = p.n_v_heads * p.d_state
     conv_dim = 2 * key_dim + value_dim
     gain = 0.5  # keeps the residual stream bounded over 24 layers of random weights
+    out: list[_Tensor] = []
 
-    def mat(name: str, out_f: int, in_f: int):
-        return _normal(seed, name, (out_f, in_f), gain / np.sqrt(in_f))
+    def mat(name: str, kind: str, il: int, key: str, out_f: int, in_f: int, std: float | None = None) -> None:
+        out.append(_Tensor(name, kind, il, (out_f, in_f), key, gain / np.sqrt(in_f) if std is None else std))
 
-    def norm(name: str, n: int):
-        return (1.0 + _normal(seed, name, (n,), 0.1)).astype(np.float32)
+    def vec(name: str, il: int, shape: tuple[int, ...], make: Callable[[], np.ndarray]) -> None:
+        out.append(_Tensor(name, "vec", il, shape, make=make))
 
-    yield "token_embd.weight", _normal(seed, "token_embd.weight", (p.n_vocab, E), 0.05), "token_embd", -1
-    yield "output_norm.weight", norm("output_norm.weight", E), "vec", -1
+    def norm(name: str, il: int, key: str, n: int) -> None:
+        vec(name, il, (n,), lambda: (1.0 + _normal(seed, key, (n,), 0.1)).astype(np.float32))
+
+    mat("token_embd.weight", "token_embd", -1, "token_embd.weight", p.n_vocab, E, 0.05)
+    norm("output_norm.weight", -1, "output_norm.weight", E)
     if not p.tied:
-        yield "output.weight", _normal(seed, "output.weight", (p.n_vocab, E), 0.05), "output", -1
+        mat("output.weight", "output", -1, "output.weight", p.n_vocab, E, 0.05)
     for il in range(p.n_layer):
         b = f"blk.{il}."
-        yield b + "attn_norm.weight", norm(b + "attn_norm", E), "vec", il
-        yield b + "post_attention_norm.weight", norm(b + "post_norm", E), "vec", il
+        norm(b + "attn_norm.weight", il, b + "attn_norm", E)
+        norm(b + "post_attention_norm.weight", il, b + "post_norm", E)
         if (il + 1) % p.full_attention_interval != 0:
-            yield b + "attn_qkv.weight", mat(b + "attn_qkv", conv_dim, E), "attn_qkv", il
-            yield b + "attn_gate.weight", mat(b + "attn_gate", value_dim, E), "attn_gate", il
-            yield b + "ssm_conv1d.weight", _normal(seed, b + "conv", (conv_dim, p.conv_kernel), 0.5), "vec", il
-            yield b + "ssm_dt.bias", _dt_bias(_rng(seed, b + "dt"), p.n_v_heads), "vec", il
-            A = _rng(seed, b + "A").uniform(1.0, 16.0, p.n_v_heads).astype(np.float32)
-            yield b + "ssm_a", (-A).astype(np.float32), "vec", il
-            yield b + "ssm_beta.weight", mat(b + "ssm_beta", p.n_v_heads, E), "ssm_beta", il
-            yield b + "ssm_alpha.weight", mat(b + "ssm_alpha", p.n_v_heads, E), "ssm_alpha", il
-            yield b + "ssm_norm.weight", norm(b + "ssm_norm", p.d_state), "vec", il
-            yield b + "ssm_out.weight", mat(b + "ssm_out", E, value_dim), "ssm_out", il
+            mat(b + "attn_qkv.weight", "attn_qkv", il, b + "attn_qkv", conv_dim, E)
+            mat(b + "attn_gate.weight", "attn_gate", il, b + "attn_gate", value_dim, E)
+            vec(b + "ssm_conv1d.weight", il, (conv_dim, p.conv_kernel), _conv(seed, b, conv_dim, p.conv_kernel))
+            vec(b + "ssm_dt.bias", il, (p.n_v_heads,), _dt(seed, b, p.n_v_heads))
+            vec(b + "ssm_a", il, (p.n_v_heads,), _ssm_a(seed, b, p.n_v_heads))
+            mat(b + "ssm_beta.weight", "ssm_beta", il, b + "ssm_beta", p.n_v_heads, E)
+            mat(b + "ssm_alpha.weight", "ssm_alpha", il, b + "ssm_alpha", p.n_v_heads, E)
+            norm(b + "ssm_norm.weight", il, b + "ssm_norm", p.d_state)
+            mat(b + "ssm_out.weight", "ssm_out", il, b + "ssm_out", E, value_dim)
         else:
             hd = p.head_dim
-            yield b + "attn_q.weight", mat(b + "attn_q", 2 * p.n_head * hd, E), "attn_q", il
-            yield b + "attn_k.weight", mat(b + "attn_k", p.n_head_kv * hd, E), "attn_k", il
-            yield b + "attn_v.weight", mat(b + "attn_v", p.n_head_kv * hd, E), "attn_v", il
-            yield b + "attn_output.weight", mat(b + "attn_output", E, p.n_head * hd), "attn_output", il
-            yield b + "attn_q_norm.weight", norm(b + "q_norm", hd), "vec", il
-            yield b + "attn_k_norm.weight", norm(b + "k_norm", hd), "vec", il
-        yield b + "ffn_gate.weight", mat(b + "ffn_gate", p.n_ff, E), "ffn_gate", il
-        yield b + "ffn_up.weight", mat(b + "ffn_up", p.n_ff, E), "ffn_up", il
-        yield b + "ffn_down.weight", mat(b + "ffn_down", E, p.n_ff), "ffn_down", il
+            mat(b + "attn_q.weight", "attn_q", il, b + "attn_q", 2 * p.n_head * hd, E)
+            mat(b + "attn_k.weight", "attn_k", il, b + "attn_k", p.n_head_kv * hd, E)
+            mat(b + "attn_v.weight", "attn_v", il, b + "attn_v", p.n_head_kv * hd, E)
+            mat(b + "attn_output.weight", "attn_output", il, b + "attn_output", E, p.n_head * hd)
+            norm(b + "attn_q_norm.weight", il, b + "q_norm", hd)
+            norm(b + "attn_k_norm.weight", il, b + "k_norm", hd)
+        mat(b + "ffn_gate.weight", "ffn_gate", il, b + "ffn_gate", p.n_ff, E)
+        mat(b + "ffn_up.weight", "ffn_up", il, b + "ffn_up", p.n_ff, E)
+        mat(b + "ffn_down.weight", "ffn_down", il, b + "ffn_down", E, p.n_ff)
+    return out
+
+
+def stored_type(cols: int, qtype: Q) -> Q:
+    """The type a matrix of rows of `cols` values is written in: `qtype`, else Q8_0, else F16
+    when its rows do not fit the blocks."""
+    for t in (qtype, Q.Q8_0, Q.F16):
+        if cols % formats.get_format(t).block_size == 0:
+            return t
+    raise AssertionError("F16 fits every row length")
 
 
 def encode_matrix(values: np.ndarray, qtype: Q) -> tuple[np.ndarray, Q]:
     """Bytes for a matrix in `qtype`, falling back to Q8_0 then F16 when rows do not fit blocks."""
-    for t in (qtype, Q.Q8_0, Q.F16):
-        block = formats.get_format(t).block_size
-        if values.shape[-1] % block == 0:
-            return formats.quantize(values, t), t
-    raise AssertionError("F16 fits every row length")
+    t = stored_type(values.shape[-1], qtype)
+    return formats.quantize(values, t), t
+
+
+def _stored_types(p: Preset, weights: str, specs: list[_Tensor]) -> list[Q]:
+    attn_layers = [il for il in range(p.n_layer) if (il + 1) % p.full_attention_interval == 0]
+    out = []
+    for t in specs:
+        if t.kind == "vec":
+            out.append(Q.F32)
+            continue
+        a_idx = attn_layers.index(t.layer) if t.layer in attn_layers else 0
+        qtype = matrix_type(t.kind, t.layer, p, weights, a_idx, len(attn_layers))
+        out.append(qtype if qtype == Q.F32 else stored_type(t.shape[-1], qtype))
+    return out
+
+
+def _nbytes(shape: tuple[int, ...], qtype: Q) -> int:
+    rows = int(np.prod(shape[:-1], dtype=np.int64)) if len(shape) > 1 else 1
+    return rows * formats.row_bytes(qtype, shape[-1])
+
+
+def _pwrite_all(fd: int, data: np.ndarray, offset: int) -> int:
+    buf = np.ascontiguousarray(data).data.cast("B")
+    pos = 0
+    while pos < len(buf):  # pwrite may write less than asked
+        pos += os.pwrite(fd, buf[pos:], offset + pos)
+    return pos
+
+
+def _write_tensors(path: str, p: Preset, seed: int, weights: str, jobs: list[tuple[int, int]]) -> int:
+    """Generate, encode and pwrite tensors `(index, file offset)` of the file at `path` (whose
+    header is written and whose size is set); in a worker process, or in the caller's. Returns
+    the bytes written."""
+    specs = _tensor_specs(p, seed)
+    types = _stored_types(p, weights, specs)
+    fd = os.open(path, os.O_WRONLY)
+    written = 0
+    try:
+        for i, offset in jobs:
+            t, qtype = specs[i], types[i]
+            if t.make is not None:
+                written += _pwrite_all(fd, np.ascontiguousarray(t.make(), dtype=np.float32), offset)
+                continue
+            rb = formats.row_bytes(qtype, t.shape[-1])
+            for r, values in t.row_chunks(seed):
+                data = values if qtype == Q.F32 else formats.quantize(values, qtype)
+                written += _pwrite_all(fd, data, offset + r * rb)
+                del values, data
+    finally:
+        os.close(fd)
+    return written
+
+
+def default_jobs() -> int:
+    """Worker processes for make_model: one per CPU this process may use."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def make_model(out: str | os.PathLike[str], preset: str = "tiny", weights: str = "F32", seed: int = 0,
-               tied: bool | None = None, vocab: str = "factory") -> Path:
-    """Write the model; returns its path. Same arguments → byte-identical file."""
+               tied: bool | None = None, vocab: str = "factory", jobs: int = 1) -> Path:
+    """Write the model; returns its path. Same arguments → byte-identical file, whatever `jobs`.
+
+    `jobs` > 1 encodes tensors in that many processes (largest first), each writing its bytes
+    at the tensor's offset: the header and every offset follow from the shapes and types alone,
+    so no tensor is held whole and the file is the one a single writer makes (a 9B file took
+    ~20 min on one core)."""
     if preset not in PRESETS:
         raise ValueError(f"preset {preset!r} is unknown; choose one of {', '.join(PRESETS)}")
     if weights not in WEIGHT_SCHEMES:
         raise ValueError(f"weights {weights!r} is unknown; choose one of {', '.join(WEIGHT_SCHEMES)}")
+    if jobs < 1:
+        raise ValueError(f"jobs={jobs}: give 1 or more worker processes")
     p = PRESETS[preset]
     if tied is not None:
         p = replace(p, tied=tied)
@@ -285,23 +397,41 @@ def make_model(out: str | os.PathLike[str], preset: str = "tiny", weights: str =
     w.add_full_attention_interval(p.full_attention_interval)
     _write_tokenizer(w, spec.metadata())
 
-    attn_layers = [il for il in range(p.n_layer) if (il + 1) % p.full_attention_interval == 0]
-    for name, values, kind, il in _tensors(p, seed):
-        if kind == "vec":
-            w.add_tensor(name, np.ascontiguousarray(values, dtype=np.float32))
-            continue
-        a_idx = attn_layers.index(il) if il in attn_layers else 0
-        qtype = matrix_type(kind, il, p, weights, a_idx, len(attn_layers))
-        if qtype == Q.F32:
-            w.add_tensor(name, values)
+    specs = _tensor_specs(p, seed)
+    types = _stored_types(p, weights, specs)
+    sizes = []
+    for t, qtype in zip(specs, types):
+        n = _nbytes(t.shape, qtype)
+        sizes.append(n)
+        if qtype == Q.F32:   # the infos GGUFWriter.add_tensor records for these arrays
+            w.add_tensor_info(t.name, t.shape, np.dtype(np.float32), n)
         else:
-            data, qtype = encode_matrix(values, qtype)
-            w.add_tensor(name, data, raw_shape=None, raw_dtype=qtype)
-        del values
+            w.add_tensor_info(t.name, (t.shape[0], n // t.shape[0]), np.dtype(np.uint8), n, raw_dtype=qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
-    w.write_tensors_to_file()
+    w.write_ti_data_to_file()
+    assert w.fout is not None
+    fout = w.fout[0]
+    w.write_padding(fout, fout.tell())
+    offset = fout.tell()
     w.close()
+    offsets = []
+    for n in sizes:
+        offsets.append(offset)
+        offset += GGUFWriter.ggml_pad(n, w.data_alignment)
+    os.truncate(tmp, offset)  # the padding between tensors reads back as the zeros it is
+    work = sorted(range(len(specs)), key=lambda i: -sizes[i])
+    if jobs == 1:
+        _write_tensors(str(tmp), p, seed, weights, [(i, offsets[i]) for i in work])
+    else:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        # spawn: the parent's BLAS threads are not forked; a queue of one-tensor jobs, largest
+        # first, keeps the workers busy to the end
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            for f in [pool.submit(_write_tensors, str(tmp), p, seed, weights, [(i, offsets[i])]) for i in work]:
+                f.result()
     os.replace(tmp, out)
     return out
 

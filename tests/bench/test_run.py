@@ -49,3 +49,29 @@ def test_large_mode_measures_the_4b_and_9b_files_natively_and_nothing_else():
     # every large run is a preset and a scheme the factory knows
     from engine.synthetic.factory import PRESETS, WEIGHT_SCHEMES
     assert all(p in PRESETS and w in WEIGHT_SCHEMES for p, w in large.runs)
+
+
+def test_large_mode_leaves_out_the_slow_figures_and_can_take_a_subset():
+    from bench.run import parse_args, plan
+
+    large = plan(parse_args(["--large"]))
+    assert large.quick and large.constrained_rounds == 0
+    assert not plan(parse_args([])).quick and plan(parse_args([])).constrained_rounds == 2
+    only = plan(parse_args(["--large", "--large-only", "9b:IQ4_XS,4b:Q4_K_M"]))
+    assert only.runs == (("4b", "Q4_K_M"), ("9b", "IQ4_XS"))  # in LARGE_RUNS' order
+    import pytest
+    with pytest.raises(SystemExit, match="9b:Q8_0"):
+        plan(parse_args(["--large", "--large-only", "9b:Q8_0"]))
+
+
+def test_rss_goal_grows_the_kv_cache_to_8k_tokens(model_factory):
+    from bench.run import KV_GOAL_TOKENS, kv_bytes, rss_goal
+
+    path = model_factory("tiny", "Q8_0")  # 4 layers, one attention layer: 1 KV head of 128
+    assert kv_bytes(path, 10) == 2 * 1 * 1 * 128 * 4 * 10
+    run = {"model_bytes": 100 * 2**20, "ours": {"peak_rss_mb": 150.0}}
+    g = rss_goal(run, path, 512)
+    grown = (kv_bytes(path, KV_GOAL_TOKENS) - kv_bytes(path, 512)) / 2**20
+    assert g["peak_rss_mb_at_kv_tokens"] == round(150.0 + grown, 1)
+    assert g["budget_mb"] == round(1.1 * (100 * 2**20 + kv_bytes(path, KV_GOAL_TOKENS)) / 2**20, 1)
+    assert g["met"] is False  # 150 MB against a 100 MB file: over 1.1x

@@ -2,6 +2,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -70,3 +71,24 @@ def test_warm_kernels_verb_builds_and_runs_a_factory_model_per_scheme():
     assert r.returncode == 0, r.stderr[-2000:]
     lines = [json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")]
     assert [(l["event"], l["weights"]) for l in lines] == [("warm_kernels", "F32")] and lines[0]["total_ms"] > 0
+
+
+def test_image_kernel_cache_covers_the_4b_and_9b_files_formats():
+    """The image's warm-kernels run (the Dockerfile uses the default list) builds warm-up models
+    holding every tensor type of the files `make bench --large` measures: 4B Q4_K_M and the 9B
+    Q3_K_M / IQ4_XS a 10 GB function serves, so none of their kernels compiles at cold start
+    (with Q4_K_M,Q8_0,F32 alone, Q3_K, Q5_K and IQ4_XS did, ~10 s each on 2 vCPU)."""
+    import re
+
+    from bench.run import LARGE_RUNS
+    from engine.synthetic.factory import PRESETS, _stored_types, _tensor_specs
+    from engine.synthetic.warm_kernels import DEFAULT_WEIGHTS, covered_types
+
+    covered = covered_types(DEFAULT_WEIGHTS.split(","))
+    for preset, weights in LARGE_RUNS:
+        p = PRESETS[preset]
+        need = set(_stored_types(p, weights, _tensor_specs(p, 0)))
+        assert need <= covered, (preset, weights, sorted(t.name for t in need - covered))
+    dockerfile = (Path(__file__).resolve().parents[2] / "Dockerfile").read_text()
+    call = re.search(r"python -m engine warm-kernels([^;]*);", dockerfile)
+    assert call is not None and "--weights" not in call.group(1), "the image build must use DEFAULT_WEIGHTS"

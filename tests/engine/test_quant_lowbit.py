@@ -179,3 +179,20 @@ def test_integer_rows_catch_a_flipped_weight_nibble():
     K.matvec(T.IQ4_XS, raw, x, out)
     err = np.abs(out - w @ xr) / (np.abs(w) @ np.abs(xr))
     assert err[2] > 1e-4 and np.all(np.delete(err, 2) <= 2e-6), err
+
+
+def test_iq4_level_table_matches_the_binary_search():
+    """The IQ4 encoders' table lookup (lowbit._nearest_level) picks the level searchsorted over the
+    midpoints picks, on every midpoint, the floats either side of it, far outside the levels,
+    signed zeros and NaN: the factory's IQ4_XS / IQ4_NL bytes (pinned by the recorded fixtures'
+    sha256) must not move."""
+    from engine.quant import lowbit
+
+    mid = lowbit._level_midpoints()
+    big = np.float32(1e30)
+    edges = np.concatenate([mid, np.nextafter(mid, -big), np.nextafter(mid, big), mid / 2, mid * 2,
+                            [-big, big, np.inf, -np.inf, np.nan, 0.0, -0.0, 1e-30, -1e-30]]).astype(np.float32)
+    t = np.concatenate([edges, np.random.default_rng(3).standard_normal(200_000).astype(np.float32) * 80])
+    np.testing.assert_array_equal(lowbit._nearest_level(t), np.searchsorted(mid, t).astype(np.uint8))
+    grid = t[: len(t) // 32 * 32].reshape(-1, 32)  # the encoders pass 2-D blocks
+    np.testing.assert_array_equal(lowbit._nearest_level(grid), np.searchsorted(mid, grid).astype(np.uint8))

@@ -148,3 +148,17 @@ def test_features_flag_string_turns_off_everything_else():
     assert not any(f.startswith("+avx512") or f.startswith("+avxvnni") or f.startswith("+amx") for f in flags)
     if "avx512f" in HOST:
         assert "-avx512f" in flags
+
+
+@pytest.mark.skipif(platform.machine() not in paths.X86, reason="the x86_64 image's target")
+def test_image_target_x86_64_v3_with_empty_features_runs_the_avx2_int8_kernels():
+    """The x86_64 image compiles and runs with NUMBA_CPU_NAME=x86-64-v3, NUMBA_CPU_FEATURES=""
+    (Dockerfile, cpu.json): LLVM takes the name's features, and so must the kernel chooser; read
+    as "no features" it put the image on the portable float kernels."""
+    code = ("import json; from engine.quant import paths; from gguf import GGMLQuantizationType as T; "
+            "print(json.dumps([paths.target().level, paths.has_int8(T.Q4_K), paths.has_int8(T.IQ4_XS)]))")
+    env = dict(os.environ, NUMBA_CPU_NAME="x86-64-v3", NUMBA_CPU_FEATURES="")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                       cwd=Path(__file__).resolve().parents[2], timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == ["avx2", True, True]
