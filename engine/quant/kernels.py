@@ -34,7 +34,9 @@ from engine.llvm_ops import bits_to_f32, half_bits_to_f32
 
 from .activations import Q8KTokens, quantize_q8_0, quantize_q8_k, quantize_q8_k_tokens, round_activations
 from . import paths
+from . import arm_neon
 from .arm_neon import q4_k_row_pair_smmla, q5_k_row_pair_smmla, q6_k_row_pair_smmla, q8_0_row_pair_smmla
+from .arm_neon import q4_k_x4_dot, q4_k_x4_smmla, q4_k_x4_tile, q6_k_x4_dot, q6_k_x4_smmla, q6_k_x4_tile
 from .formats import get_format, quantize, row_bytes
 from .int8_dot import (KNOBS, TILE, WIDE_TILE, q4_k_row_dot, q4_k_row_dot_tile, q5_k_row_dot, q5_k_row_dot_tile,
                        q6_k_row_dot, q6_k_row_dot_tile, q8_0_row_dot, q8_0_row_dot_tile)
@@ -729,6 +731,106 @@ def _mm_q8_0_smmla(w, xq, xd, out):
                         out[t0 + t, r2] = res[TILE + t]
 
 
+# arm64's Q4_K and Q6_K in the x4 layout (arm_neon.repack_x4: 4 rows interleaved, one `sdot` lane
+# per row): w4 (ceil(rows / 4), blocks * X4_BLOCK). A group of 4 rows is one intrinsic call; the
+# last, partial group goes through a 4-row scratch. q6: Q6_K, else Q4_K.
+@njit(**_MV)
+def _mv_k_x4(w4, xq, xd, xs16, out, rows, q6):
+    nb = xd.shape[0]
+    full = rows // 4
+    for g in prange(w4.shape[0]):
+        if g < full:
+            if q6:
+                q6_k_x4_dot(w4[g], nb, xq, xd, xs16, out, 4 * g)
+            else:
+                q4_k_x4_dot(w4[g], nb, xq, xd, xs16, out, 4 * g)
+        else:
+            tmp = np.empty(4, np.float32)
+            if q6:
+                q6_k_x4_dot(w4[g], nb, xq, xd, xs16, tmp, 0)
+            else:
+                q4_k_x4_dot(w4[g], nb, xq, xd, xs16, tmp, 0)
+            for r in range(rows - 4 * g):
+                out[4 * g + r] = tmp[r]
+
+
+_X4_CHUNK = _ROW_CHUNK // 4  # groups per chunk: the tile's activations stay in L1 across them
+
+
+@njit(inline="always", cache=True)
+def _x4_tile_dst(out, tmp, rows, t0, g):
+    """Where group g's tile results go: out itself (flat (Tp, rows), at t0 * rows + 4g, stride
+    rows), or for the last, partial group tmp (4 rows x WIDE_TILE tokens) loaded with what out
+    holds (Q4_K: the mins' product)."""
+    if 4 * g + 4 <= rows:
+        return out, t0 * rows + 4 * g, rows
+    for t in range(WIDE_TILE):
+        for r in range(4):
+            tmp[4 * t + r] = out[(t0 + t) * rows + 4 * g + r] if 4 * g + r < rows else 0.0
+    return tmp, 0, 4
+
+
+@njit(inline="always", cache=True)
+def _x4_tile_tail(out, tmp, rows, t0, g):
+    if 4 * g + 4 > rows:
+        for t in range(WIDE_TILE):
+            for r in range(rows - 4 * g):
+                out[(t0 + t) * rows + 4 * g + r] = tmp[4 * t + r]
+
+
+@njit(**_MV)
+def _mm_k_x4(w4, xq, xd, out, rows, q6):
+    # `sdot` tiles of x4 groups (N1); out (Tp * rows) flat, Q4_K: holds the mins' product on
+    # entry, which the tiles subtract
+    tp = out.shape[0] // rows
+    nb = xd.shape[0] // tp
+    cols = nb * 256
+    groups = w4.shape[0]
+    for c in prange((groups + _X4_CHUNK - 1) // _X4_CHUNK):
+        tmp = np.empty(4 * WIDE_TILE, np.float32)
+        for t0 in range(0, tp, WIDE_TILE):
+            for g in range(c * _X4_CHUNK, min(groups, (c + 1) * _X4_CHUNK)):
+                dst, o, stride = _x4_tile_dst(out, tmp, rows, t0, g)
+                if q6:
+                    q6_k_x4_tile(w4[g], nb, xq, t0 * cols, cols, xd, t0 * nb, nb, dst, o, stride)
+                else:
+                    q4_k_x4_tile(w4[g], nb, xq, t0 * cols, cols, xd, t0 * nb, nb, dst, o, stride)
+                _x4_tile_tail(out, tmp, rows, t0, g)
+
+
+@njit(**_MV)
+def _mm_k_x4_smmla(w4, xq, xd, out, rows, q6):
+    # _mm_k_x4 with `smmla` (i8mm: V1/V2 only; N1 never compiles it)
+    tp = out.shape[0] // rows
+    nb = xd.shape[0] // tp
+    cols = nb * 256
+    groups = w4.shape[0]
+    for c in prange((groups + _X4_CHUNK - 1) // _X4_CHUNK):
+        tmp = np.empty(4 * WIDE_TILE, np.float32)
+        for t0 in range(0, tp, WIDE_TILE):
+            for g in range(c * _X4_CHUNK, min(groups, (c + 1) * _X4_CHUNK)):
+                dst, o, stride = _x4_tile_dst(out, tmp, rows, t0, g)
+                if q6:
+                    q6_k_x4_smmla(w4[g], nb, xq, t0 * cols, cols, xd, t0 * nb, nb, dst, o, stride)
+                else:
+                    q4_k_x4_smmla(w4[g], nb, xq, t0 * cols, cols, xd, t0 * nb, nb, dst, o, stride)
+                _x4_tile_tail(out, tmp, rows, t0, g)
+
+
+@njit(parallel=True, cache=True)
+def _q4_k_mins_x4(w4, nb, out):
+    """_q4_k_mins of an x4 Q4_K matrix: out[4g + r, 8b + j] = dmin_r * min j of block b (the
+    rows of the last group past out's are skipped)."""
+    rows = out.shape[0]
+    for g in prange(w4.shape[0]):
+        for i in range(nb):
+            p = i * 592
+            for r in range(min(4, rows - 4 * g)):
+                dmin = _f16_at(w4[g], p + 8 + 2 * r)
+                for j in range(8):
+                    out[4 * g + r, 8 * i + j] = dmin * _F32(w4[g][p + 48 + 4 * j + r])
+
+
 def prepare(qtype, raw: np.ndarray, rows: int, cols: int):
     """Load-time preparation for :func:`matvec` (decoded per-block scales), or None when the
     format's kernel reads everything from the raw bytes. Pass the result as ``prepared``."""
@@ -820,6 +922,7 @@ _KNOBBED = {T.Q4_K, T.Q6_K, T.Q5_K} - set(_LOWBIT_MATVEC_INT8)  # int8_dot's row
 _Q8_0_INT8 = {T.Q8_0, T.IQ4_NL}  # integer rows against Q8_0 activations
 _MATVEC_INT8_SERIAL = {qt: serial_twin(k) for qt, k in _MATVEC_INT8.items()}
 _MULTI_TOKEN = {T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0, *_LOWBIT_MM}  # formats with a multi-token kernel (_mm_*)
+_MV_K_X4_SERIAL = serial_twin(_mv_k_x4)
 _PORTABLE_INT8 = {T.Q4_K, T.Q6_K, T.Q8_0}  # int8_dot.py's generic IR (Q5_K: arm_neon.py only)
 
 
@@ -915,6 +1018,7 @@ class MatvecPlan:
         self.qtype, self.rows, self.cols = qt, rows, cols
         small = rows * cols < SERIAL_BELOW  # the 16-row DeltaNet beta/alpha: a launch costs more
         self.int8 = has_int8_kernels(qt)
+        self.x4 = self.int8 and paths.x4_layout(qt)
         if self.int8:
             self.kernel = (_MATVEC_INT8_SERIAL if small else _MATVEC_INT8)[qt]
             if qt in _Q8_0_INT8:
@@ -927,6 +1031,15 @@ class MatvecPlan:
                 self.xs16 = np.empty(cols // 16, np.int16)
             self.prepared = None
             self.args: tuple = (KNOBS, qt == T.Q6_K) if qt in _KNOBBED else ()
+            if self.x4:
+                # arm64: the x4 layout replaces the row-major bytes (this plan holds only w4;
+                # the file's pages of the matrix are given back, arm_neon.release_pages)
+                raw_rows = self.w
+                self.w = arm_neon.repack_x4(qt, raw_rows)
+                arm_neon.release_pages(raw_rows)
+                del raw_rows
+                self.kernel = _MV_K_X4_SERIAL if small else _mv_k_x4
+                self.args = (rows, qt == T.Q6_K)
         else:
             self.kernel = (_MATVEC_SERIAL if small else _MATVEC)[qt]
             self.prepared = prepare(qt, self.w, rows, cols) if qt in _PREPARED else None
@@ -964,6 +1077,8 @@ class MatvecPlan:
                              f"{a.padded} tokens; this matrix takes {self.cols} per token, padded to a "
                              f"multiple of {WIDE_TILE}")
         out = np.empty((a.padded, self.rows), np.float32)
+        if self.x4:
+            return self._tokens_x4(a, out)
         if self.qtype in _LOWBIT_MM:  # x86_lowbit.py's tiles: offsets and mins inside
             _LOWBIT_MM[self.qtype](self.w, a.q, a.d, a.sums16, out)
             return out[:a.tokens]
@@ -981,6 +1096,16 @@ class MatvecPlan:
             _mm_q5_k_q8k(self.w, a.q, a.d, a.sums16, out, KNOBS)
         else:
             _mm_k_q8k(self.w, a.q, a.d, a.sums16, out, KNOBS, q6)
+        return out[:a.tokens]
+
+    def _tokens_x4(self, a: Q8KTokens, out: np.ndarray) -> np.ndarray:
+        q6 = self.qtype == T.Q6_K
+        if not q6:  # the mins' product, as in tokens_q8k
+            mins = np.empty((self.rows, self.cols // 32), np.float32)
+            _q4_k_mins_x4(self.w, self.cols // 256, mins)
+            np.matmul(a.scaled_sums32, mins.T, out=out)
+        tile = _mm_k_x4_smmla if paths.tile_level(self.qtype) == "neon-i8mm" else _mm_k_x4
+        tile(self.w, a.q, a.d, out.reshape(-1), self.rows, q6)
         return out[:a.tokens]
 
     def __call__(self, x: np.ndarray, out: np.ndarray) -> None:

@@ -143,12 +143,23 @@ def has_int8(qtype) -> bool:
     return T(qtype) in formats and level != "portable"
 
 
+def x4_layout(qtype) -> bool:
+    """Whether `qtype`'s integer kernels here take its weights repacked 4 rows interleaved
+    (arm_neon.repack_x4, once per matrix when MatvecPlan is built): arm_neon.X4_FORMATS on the
+    arm64 int8 levels. The kernel names say so with an `x4` suffix."""
+    if target().level not in ARM_LEVELS or not has_int8(qtype):
+        return False
+    from engine.quant import arm_neon
+
+    return T(qtype) in arm_neon.X4_FORMATS
+
+
 def decode_path(qtype) -> str:
     if not has_int8(qtype):
         return "float"
     # arm64's decode rows are `sdot` on every level that has them (smmla needs two tokens)
     if target().level in ARM_LEVELS:
-        return "neon-dotprod-int8"
+        return "neon-dotprod-int8" + ("x4" if x4_layout(qtype) else "")
     # x86_lowbit.py's rows are AVX2 instructions on every x86 level (256-bit: decode is bound by
     # the weight stream, not the multiplies)
     return "avx2-int8" if T(qtype) in X86_LOWBIT_INT8 else f"{target().level}-int8"
@@ -176,7 +187,7 @@ def prefill_path(qtype, tokens: int = 512) -> str:
     if T(qtype) == T.F32:
         return "blas"
     if kernels.int8_prefill_wins(qtype, tokens):
-        return f"{tile_level(qtype)}-int8"
+        return f"{tile_level(qtype)}-int8" + ("x4" if x4_layout(qtype) else "")
     return "dequantize+blas"
 
 

@@ -1,6 +1,6 @@
 """arm64's int8 kernels (engine/quant/arm_neon.py): `sdot` decode rows and multi-token tiles for
-Q4_K, Q5_K, Q6_K and Q8_0, held to gguf.quants' decoding and the exact product of the rounded
-activations. They run where numba compiles for an arm64 CPU with dot products (under qemu:
+Q4_K, Q5_K, Q6_K and Q8_0 (Q4_K and Q6_K on weights repacked 4 rows interleaved, the x4 layout),
+held to gguf.quants' decoding and the exact product of the rounded activations. They run where numba compiles for an arm64 CPU with dot products (under qemu:
 ``make test-arm64``, neoverse-n1/v1/v2; the CI subset runs them on neoverse-n1); the path
 chooser's arm64 levels are checked everywhere.
 """
@@ -11,6 +11,7 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from gguf import quants as gq
 
+from engine.quant import arm_neon
 from engine.quant import kernels as K
 from engine.quant import paths
 from engine.quant.activations import round_activations
@@ -40,11 +41,26 @@ def test_arm_levels_from_the_cpu_name_and_features():
     assert paths.Target("x86_64", "neoverse-n1", frozenset({"dotprod"})).level == "portable"
 
 
+@pytest.mark.parametrize("rows", [1, 4, 7, 24])
+@pytest.mark.parametrize("qtype", arm_neon.X4_FORMATS, ids=lambda t: t.name)
+def test_x4_layout_holds_the_rows_weights(qtype, rows):
+    # pure numpy, so it runs everywhere: the repacked bytes decode to exactly gguf.quants' weights
+    # of the rows (arbitrary bytes; 1 and 7 rows: the zero-padded last group), in as many bytes
+    # (Q6_K) or 16 more per 4 rows and block (Q4_K's 6-bit scales and mins as bytes)
+    cols = 512
+    raw = _random_blocks(qtype, rows, cols, rows)
+    w4 = arm_neon.repack_x4(qtype, raw)
+    assert w4.shape == (-(-rows // 4), cols // 256 * arm_neon.X4_BLOCK[arm_neon._X4_KIND[qtype]])
+    want = gq.dequantize(raw, qtype).reshape(rows, cols).astype(np.float32)
+    np.testing.assert_array_equal(arm_neon.dequantize_x4(qtype, w4, rows), want)
+
+
 @on_arm
 def test_paths_name_the_arm_kernels_per_format():
     got = paths.kernel_paths(FORMATS)
     for qt in FORMATS:
-        assert got[qt.name] == {"decode": "neon-dotprod-int8", "prefill": f"{paths.tile_level(qt)}-int8"}, got
+        x4 = "x4" if qt in arm_neon.X4_FORMATS else ""
+        assert got[qt.name] == {"decode": "neon-dotprod-int8" + x4, "prefill": f"{paths.tile_level(qt)}-int8{x4}"}, got
         assert K.has_int8_kernels(qt) and K.has_int8_prefill(qt)
     assert paths.kernel_paths([T.Q4_0])["Q4_0"] == {"decode": "float", "prefill": "dequantize+blas"}
 
@@ -54,12 +70,15 @@ def test_paths_name_the_arm_kernels_per_format():
 def test_decode_rows_are_the_exact_product(qtype):
     # arbitrary bytes: every nibble, 5/6-bit quant, int8 (-128 included) and scale value, so the
     # unpacking of each bit and the scale/min/offset bookkeeping are all exercised
-    rows, cols = 24, 1024
+    rows, cols = 23, 1024  # Q4_K, Q6_K: 5 groups of 4 rows and a partial one
     raw = _random_blocks(qtype, rows, cols, 11)
     x = np.random.default_rng(12).standard_normal(cols, dtype=np.float32)
     x[256:512] *= 1e-3  # an activation block of small magnitude
     plan = K.MatvecPlan(qtype, raw, rows, cols)
     assert plan.int8
+    # the x4 formats' plan holds the repacked matrix in place of the rows
+    assert plan.x4 == (qtype in arm_neon.X4_FORMATS)
+    assert plan.w.shape[0] == (6 if plan.x4 else rows)
     out = np.empty(rows, np.float32)
     plan(x, out)
     ref, scale = _exact(qtype, raw, rows, cols, x[None])
@@ -94,7 +113,9 @@ def test_arm_kernels_are_sdot_code(qtype):
     plan(np.ones(cols, np.float32), np.empty(rows, np.float32))
     plan.tokens(np.ones((3, cols), np.float32))
     i8mm = paths.tile_level(qtype) == "neon-i8mm"
-    if i8mm:
+    if plan.x4:
+        tile = K._mm_k_x4_smmla if i8mm else K._mm_k_x4
+    elif i8mm:
         tile = K._mm_q8_0_smmla if qtype == T.Q8_0 else K._mm_k_smmla
     else:
         tile = {T.Q8_0: K._mm_q8_0_q8, T.Q5_K: K._mm_q5_k_q8k}.get(qtype, K._mm_k_q8k)
