@@ -491,13 +491,13 @@ def dequantize_x4(qtype, w4, rows: int):
         vals = np.empty((groups, nb, X4, 256), np.float32)
         for h in range(2):
             for t in range(4):
-                for hh in range(2):
-                    g = 8 * h + 2 * t + hh
-                    ql = v[:, :, 4 * h + 2 * (t & 1) + hh]
-                    qh = v[:, :, 8 + 2 * h + hh]
+                for hb in range(2):
+                    grp = 8 * h + 2 * t + hb
+                    ql = v[:, :, 4 * h + 2 * (t & 1) + hb]
+                    qh = v[:, :, 8 + 2 * h + hb]
                     q = ((ql & 15) if t < 2 else (ql >> 4)) | (((qh >> (2 * t)) & 3) << 4)
                     q = q.transpose(0, 1, 3, 2, 4).reshape(groups, nb, X4, 16).astype(np.float32) - 32
-                    vals[..., 16 * g:16 * g + 16] = (d * s[:, :, g])[..., None] * q
+                    vals[..., 16 * grp:16 * grp + 16] = (d * s[:, :, grp])[..., None] * q
     return vals.transpose(0, 2, 1, 3).reshape(groups * X4, nb * 256)[:rows]
 
 
