@@ -3,6 +3,7 @@
     python tests/arm64/run.py                       # all targets + layer + cache + cross-target checks
     python tests/arm64/run.py --ci                  # the CI subset: neoverse-n1, Q4_K kernels, Q4_K_M parity, NEON
     python tests/arm64/run.py --targets neoverse-n1 --no-host
+    python tests/arm64/run.py --targets neoverse-n1 --no-host --tests tests/engine/test_arm_neon.py
 
 1. ``scripts/arm64_userland.py`` sets up ``.cache/arm64`` (qemu-user-static, a bookworm arm64
    root, arm64 wheels of the pinned numpy/numba/llvmlite…); idempotent, seconds when present.
@@ -121,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-host", action="store_true", help="skip the host-driven layer/cache/cross-target checks")
     ap.add_argument("--fresh", action="store_true", help="empty the per-target numba caches first")
     ap.add_argument("--cache", default=str(U.DEFAULT_CACHE))
+    ap.add_argument("--tests", default=None,
+                    help="comma-separated pytest ids to run per target instead of the full list (with --no-host: "
+                         "one kernel file, e.g. tests/engine/test_arm_neon.py)")
     a = ap.parse_args(argv)
     cache = Path(a.cache).resolve()
     t0 = time.perf_counter()
@@ -138,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         for t in [t for t in a.targets.split(",") if t]:
             (out_dir / f"{t}.npz").unlink(missing_ok=True)
-            results.append(run_target(cache, t, FULL, out_dir, a.fresh))
+            tests = [x for x in a.tests.split(",") if x] if a.tests else FULL
+            results.append(run_target(cache, t, tests, out_dir, a.fresh))
         if not a.no_host:
             results.append(run_host(cache, out_dir, HOST, None))
     total = round(time.perf_counter() - t0, 1)
