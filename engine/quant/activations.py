@@ -9,7 +9,7 @@ our Q4_K_M logits and llama.cpp's; with it the only difference left is summation
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from gguf import GGMLQuantizationType as Q
@@ -95,10 +95,49 @@ class Q8KTokens:
     sums16: np.ndarray
     scaled_sums32: np.ndarray
     tokens: int
+    _p16: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
 
     @property
     def padded(self) -> int:
         return self.scaled_sums32.shape[0]
+
+    def p16(self) -> tuple[np.ndarray, np.ndarray]:
+        """(q in the P16 order, the sums per 16 values times the block scale, f32) for
+        x86_lowbit's panel tiles, made once per quantization: every matrix that reads this input
+        shares them (`_permute_p16`)."""
+        if self._p16 is None:
+            qp = _aligned64(self.q.size, np.int8)
+            xsf = _aligned64(self.sums16.size, np.float32)
+            _permute_p16(self.q, self.d, self.sums16, qp, xsf)
+            self._p16 = (qp, xsf)
+        return self._p16
+
+
+def _aligned64(n: int, dtype) -> np.ndarray:
+    """np.empty(n, dtype) starting on a 64-byte boundary (the panel tiles' zmm loads)."""
+    buf = np.empty(n * np.dtype(dtype).itemsize + 64, np.uint8)
+    start = (-buf.ctypes.data) % 64
+    return buf[start:start + n * np.dtype(dtype).itemsize].view(dtype)
+
+
+# The P16 order of a 256-value Q8_K block, for 512-bit tiles whose four 64-byte vectors put the
+# 16 values of group k (one Q3_K scale; half a 32-value sub-block of the other formats) in i32
+# lane k of every vector: `vpdpbusd` then accumulates a whole block into one register, and one
+# vector of the block's scales (made once for all tokens) serves it, instead of a multiply by the
+# scales per 64 bytes (`vpmulld`, two uops on the one 512-bit integer-multiply port of Intel's
+# cores). Byte 64c + 4k + v of the block is value 16k + 4c + v (c, v < 4; k < 16). The terms
+# through the sums (IQ4_XS's +128 bias, Q3_K's -4, Q5_K's mins) take xsf = d * sums16, the
+# sum of lane k's 16 values, scaled.
+@njit(parallel=True, cache=True)
+def _permute_p16(q, d, sums16, qp, xsf):
+    for blk in prange(q.shape[0] // 256):
+        o = blk * 256
+        for c in range(4):
+            for k in range(16):
+                for v in range(4):
+                    qp[o + 64 * c + 4 * k + v] = q[o + 16 * k + 4 * c + v]
+        for k in range(16):
+            xsf[blk * 16 + k] = d[blk] * np.float32(sums16[blk * 16 + k])
 
 
 def quantize_q8_k_tokens(x: np.ndarray, tile: int) -> Q8KTokens:

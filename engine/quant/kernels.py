@@ -861,6 +861,7 @@ _MATVEC = {
 # The smaller downloads' formats (Q2_K, Q3_K, IQ4_NL, IQ4_XS, IQ3_S, IQ3_XXS): engine/quant/lowbit_kernels.py
 from .lowbit_kernels import DEQUANT as _LOWBIT_DEQUANT, MATVEC as _LOWBIT_MATVEC  # noqa: E402
 from .lowbit_kernels import MATVEC_INT8 as _LOWBIT_MATVEC_INT8, MULTI_TOKEN_INT8 as _LOWBIT_MM  # noqa: E402
+from .lowbit_kernels import PANEL as _LOWBIT_PANEL  # noqa: E402
 if paths.target().level in paths.ARM_LEVELS:  # arm64's `sdot` rows and tiles for them instead (arm_lowbit.py)
     from .arm_lowbit import MATVEC_INT8 as _LOWBIT_MATVEC_INT8, MULTI_TOKEN_INT8 as _LOWBIT_MM
 
@@ -992,15 +993,20 @@ SHORT_PREFILL = 64
 # whole forwards of the 0.8B IQ4_XS file, 2 threads, Zen 5, separate processes alternating, best
 # of 2 each, on the shared host: at load average 15-17 tiles 20.73 and 13.90 tok/s, dequantize +
 # BLAS 13.63 and 12.81; at load average 3.4-5 tiles 85.48 and 70.27, dequantize + BLAS 46.67 and 47.0. Their dequantization is costlier than Q4_K's (lookups, lattices), which
-# a prompt pays per matrix; not measured on Intel, so there they keep the Q4_K rule (<= 64 tokens).
+# a prompt pays per matrix. On AVX-512 VNNI the panel tiles (lowbit_kernels.PANEL) take every
+# length instead, Intel's and AMD's (has_int8_prefill); elsewhere on Intel the Q4_K rule (<= 64 tokens).
 _LOWBIT_TILES = frozenset(_LOWBIT_MM)
 
 
 def has_int8_prefill(qtype) -> bool:
     """Whether a batched prefill of any length multiplies `qtype` in the multi-token int8 kernel
-    rather than dequantize + fp32 BLAS (`_tiles_win_at_every_length`)."""
+    rather than dequantize + fp32 BLAS (`_tiles_win_at_every_length`; the panel tiles of
+    lowbit_kernels.PANEL on every AVX-512 VNNI core)."""
+    qt = get_format(qtype).qtype
+    if qt in _LOWBIT_PANEL:
+        return True
     formats = _MULTI_TOKEN if paths.target().level in paths.ARM_LEVELS else (T.Q4_K, T.Q6_K, *_LOWBIT_TILES)
-    return get_format(qtype).qtype in formats and has_multi_token_kernel(qtype) and _tiles_win_at_every_length()
+    return qt in formats and has_multi_token_kernel(qtype) and _tiles_win_at_every_length()
 
 
 def int8_prefill_wins(qtype, tokens: int) -> bool:
@@ -1079,6 +1085,10 @@ class MatvecPlan:
         out = np.empty((a.padded, self.rows), np.float32)
         if self.x4:
             return self._tokens_x4(a, out)
+        if self.qtype in _LOWBIT_PANEL:  # x86_lowbit.py's panel tiles (AVX-512 VNNI)
+            qp, xsf = a.p16()
+            _LOWBIT_PANEL[self.qtype](self.w, qp, a.d, xsf, out)
+            return out[:a.tokens]
         if self.qtype in _LOWBIT_MM:  # x86_lowbit.py's tiles: offsets and mins inside
             _LOWBIT_MM[self.qtype](self.w, a.q, a.d, a.sums16, out)
             return out[:a.tokens]

@@ -10,11 +10,13 @@ and (x86, AVX2 and up) integer decode rows.
 
 * ``_mv_*_q8`` (``MATVEC_INT8``) and ``_mm_*_q8`` (``MULTI_TOKEN_INT8``, several tokens): on x86
   (every level from AVX2 up) Q2_K, Q3_K, IQ4_XS, IQ3_S, IQ4_NL and Q5_K multiply in integer arithmetic against the activations quantized as llama.cpp
-  quantizes them (engine/quant/x86_lowbit.py); IQ3_XXS, and every format on arm64, keep the
-  float rows above. engine/quant/paths.py names the path per format.
+  quantizes them (engine/quant/x86_lowbit.py); arm64 takes arm_lowbit.py's instead, IQ3_XXS
+  keeps the float rows above. engine/quant/paths.py names the path per format.
+* ``_mm_*_panel`` (``MULTI_TOKEN_INT8`` on AVX-512 VNNI for IQ4_XS, Q3_K, Q5_K: ``PANEL``): the
+  panel tiles, for prompts of every length there (`_panel_rows`).
 
-The tiles run prefills up to kernels.SHORT_PREFILL tokens (a chat turn's suffix); longer ones
-dequantize + BLAS, and paths.py says so. See docs/formats.md.
+The other x86 tiles run prefills up to kernels.SHORT_PREFILL tokens (a chat turn's suffix);
+longer ones dequantize + BLAS, and paths.py says so. See docs/formats.md.
 
 The IQ grids and levels are module-level arrays (numba freezes them into the compiled code)
 built from the gguf package by engine/quant/lowbit.py.
@@ -28,10 +30,11 @@ from numba import njit, prange
 from . import paths
 from .kernels import _DQ, _MV, _f16_at, _group_sums, _qf, _u32_at
 from .lowbit import IQ4_LEVELS, iq_grid, ksigns
-from .x86_lowbit import (TILE, iq3_s_row_dot, iq3_s_row_dot_tile, iq4_nl_row_dot, iq4_nl_row_dot_tile, iq4_xs_row_dot,
-                         iq4_xs_row_dot_tile, iq4_xs_row_dot_tile_512, q2_k_row_dot, q2_k_row_dot_tile, q3_k_row_dot,
-                         q3_k_row_dot_tile, q3_k_row_dot_tile_512, q5_k_row_dot, q5_k_row_dot_tile,
-                         q5_k_row_dot_tile_512)
+from .x86_lowbit import (PANEL_BYTES, PANEL_ROWS, PANEL_SCALES, PANEL_TOKENS, TILE, iq3_s_row_dot, iq3_s_row_dot_tile,
+                         iq4_nl_row_dot, iq4_nl_row_dot_tile, iq4_xs_row_dot, iq4_xs_row_dot_tile, iq4_xs_unpack_panel,
+                         panel_tile, q2_k_row_dot, q2_k_row_dot_tile, q3_k_row_dot, q3_k_row_dot_tile,
+                         q3_k_unpack_panel, q4_k_unpack_panel, q5_k_row_dot, q5_k_row_dot_tile, q5_k_unpack_panel,
+                         q6_k_unpack_panel)
 
 _F32 = np.float32
 _LV = IQ4_LEVELS.astype(np.float32)
@@ -400,12 +403,6 @@ def _tile_rows(w, xq, xd, xs16, out, kind):
                     iq4_xs_row_dot_tile(*args)
                 elif kind == 3:
                     iq3_s_row_dot_tile(*args)
-                elif kind == 5:
-                    iq4_xs_row_dot_tile_512(*args)
-                elif kind == 6:
-                    q3_k_row_dot_tile_512(*args)
-                elif kind == 7:
-                    q5_k_row_dot_tile_512(*args)
                 else:
                     q5_k_row_dot_tile(*args)
                 for t in range(TILE):
@@ -427,22 +424,82 @@ def _mm_iq4_xs_q8(w, xq, xd, xs16, out):
     _tile_rows(w, xq, xd, xs16, out, 2)
 
 
-@njit(**_MV)
-def _mm_iq4_xs_q8_512(w, xq, xd, xs16, out):
-    # x86_lowbit.iq4_xs_row_dot_tile_512: AVX-512 VNNI only
-    _tile_rows(w, xq, xd, xs16, out, 5)
+# Panels: _PANEL rows' blocks k0..k0 + _PANEL_K unpacked once (x86_lowbit.*_unpack_panel:
+# 64 x 16 x 384 bytes = 384 KB, in L2), then every 4-token tile (20 KB of activations and sums,
+# in L1) passes every row pair of the panel. Single-thread sweeps on Emerald Rapids (4096 x 4096 x
+# 512, separate processes, best of 3) put 16-128 rows and 8-32 blocks within the host's noise.
+_PANEL = 64
+_PANEL_K = 16
+
+
+@njit(inline="always", cache=True)
+def _panel_rows(w, xqp, xd, xsf, out, kind, bpb):
+    tp = out.shape[0]
+    nb = xd.shape[0] // tp
+    cols = nb * 256
+    rows = w.shape[0]
+    wrow, srow = _PANEL_K * PANEL_BYTES, _PANEL_K * PANEL_SCALES
+    for c in prange((rows + _PANEL - 1) // _PANEL):
+        r0 = c * _PANEL
+        nr = min(rows, r0 + _PANEL) - r0
+        # 64-byte aligned, as the activations (Q8KTokens.p16): a zmm load across two cache lines
+        # costs two (4096 x 4096 x 512, 2 threads: 57 ms unaligned, 42-48 aligned, one run)
+        wq0 = np.empty(_PANEL * wrow + 64, np.uint8)
+        ws0 = np.empty(_PANEL * srow + 16, np.float32)
+        wq = wq0[(-wq0.ctypes.data) % 64:]
+        ws = ws0[((-ws0.ctypes.data) % 64) // 4:]
+        res = np.empty(PANEL_ROWS * PANEL_TOKENS, np.float32)
+        for k0 in range(0, nb, _PANEL_K):
+            kn = min(nb - k0, _PANEL_K)
+            for r in range(nr):
+                src = w[r0 + r, k0 * bpb:(k0 + kn) * bpb]
+                if kind == 0:
+                    iq4_xs_unpack_panel(src, kn, wq[r * wrow:], ws[r * srow:])
+                elif kind == 1:
+                    q5_k_unpack_panel(src, kn, wq[r * wrow:], ws[r * srow:])
+                elif kind == 2:
+                    q3_k_unpack_panel(src, kn, wq[r * wrow:], ws[r * srow:])
+                elif kind == 3:
+                    q4_k_unpack_panel(src, kn, wq[r * wrow:], ws[r * srow:])
+                else:
+                    q6_k_unpack_panel(src, kn, wq[r * wrow:], ws[r * srow:])
+            for t0 in range(0, tp, PANEL_TOKENS):
+                for r in range(0, nr, PANEL_ROWS):
+                    # rows past nr (the last panel's) multiply what the buffer holds; not stored
+                    panel_tile(wq, r * wrow, wrow, ws, r * srow, srow, kn,
+                               xqp, t0 * cols + k0 * 256, cols, xd, t0 * nb + k0, nb,
+                               xsf, (t0 * nb + k0) * 16, nb * 16, res)
+                    for t in range(PANEL_TOKENS):
+                        for j in range(min(PANEL_ROWS, nr - r)):
+                            if k0 == 0:
+                                out[t0 + t, r0 + r + j] = res[PANEL_ROWS * t + j]
+                            else:
+                                out[t0 + t, r0 + r + j] += res[PANEL_ROWS * t + j]
 
 
 @njit(**_MV)
-def _mm_q3_k_q8_512(w, xq, xd, xs16, out):
-    # x86_lowbit.q3_k_row_dot_tile_512: AVX-512 VNNI only
-    _tile_rows(w, xq, xd, xs16, out, 6)
+def _mm_iq4_xs_panel(w, xqp, xd, xsf, out):
+    _panel_rows(w, xqp, xd, xsf, out, 0, 136)
 
 
 @njit(**_MV)
-def _mm_q5_k_q8_512(w, xq, xd, xs16, out):
-    # x86_lowbit.q5_k_row_dot_tile_512: AVX-512 VNNI only
-    _tile_rows(w, xq, xd, xs16, out, 7)
+def _mm_q5_k_panel(w, xqp, xd, xsf, out):
+    _panel_rows(w, xqp, xd, xsf, out, 1, 176)
+
+
+@njit(**_MV)
+def _mm_q3_k_panel(w, xqp, xd, xsf, out):
+    _panel_rows(w, xqp, xd, xsf, out, 2, 110)
+
+
+@njit(**_MV)
+def _mm_q4_k_panel(w, xqp, xd, xsf, out):
+    _panel_rows(w, xqp, xd, xsf, out, 3, 144)
+
+
+@njit(**_MV)
+def _mm_q6_k_panel(w, xqp, xd, xsf, out):
+    _panel_rows(w, xqp, xd, xsf, out, 4, 210)
 
 
 @njit(**_MV)
@@ -476,7 +533,13 @@ MULTI_TOKEN_INT8 = {T.Q2_K: _mm_q2_k_q8, T.Q3_K: _mm_q3_k_q8, T.IQ4_XS: _mm_iq4_
 if paths.target().level in paths.X86_INT8_LEVELS:
     MATVEC_INT8[T.Q5_K] = _mv_q5_k_q8
     MULTI_TOKEN_INT8[T.Q5_K] = _mm_q5_k_q8
-if paths.target().level == "avx512vnni":  # paths.X86_LOWBIT_VNNI512
-    MULTI_TOKEN_INT8[T.IQ4_XS] = _mm_iq4_xs_q8_512
-    MULTI_TOKEN_INT8[T.Q3_K] = _mm_q3_k_q8_512
-    MULTI_TOKEN_INT8[T.Q5_K] = _mm_q5_k_q8_512
+# The panel tiles (AVX-512 VNNI), which take the activations in the P16 order (Q8KTokens.p16;
+# kernels.MatvecPlan.tokens_q8k runs PANEL's before any other tile): paths.X86_LOWBIT_VNNI512's
+# on every AVX-512 VNNI core, and Q4_K's and Q6_K's where x86_avx512.py's tiles do not win at
+# every prompt length (Intel).
+PANEL: dict = {}
+if paths.target().level == "avx512vnni":
+    PANEL = {T.IQ4_XS: _mm_iq4_xs_panel, T.Q3_K: _mm_q3_k_panel, T.Q5_K: _mm_q5_k_panel}
+    MULTI_TOKEN_INT8.update(PANEL)
+    if not paths.target().cpu_name.startswith("znver"):  # kernels._tiles_win_at_every_length
+        PANEL.update({T.Q4_K: _mm_q4_k_panel, T.Q6_K: _mm_q6_k_panel})

@@ -19,9 +19,10 @@ Levels (one kernel file each under engine/quant/):
 
 Q2_K, Q3_K, Q5_K, IQ4_XS, IQ4_NL and IQ3_S (`X86_LOWBIT_INT8`) have integer decode rows and
 short-prefill tiles on the x86 levels, the same AVX2 instructions on each (`x86_lowbit.py`,
-named `avx2-int8`), except IQ4_XS's, Q3_K's and Q5_K's tiles on avx512vnni (`X86_LOWBIT_VNNI512`:
-512-bit `vpdpbusd`, named `avx512vnni-int8`); their long prefills run the tiles where Q4_K's do (Zen with AVX-512),
-else dequantize + BLAS. On arm64 with dot products Q2_K, Q3_K, IQ4_XS, IQ4_NL and IQ3_S
+named `avx2-int8`), except IQ4_XS's, Q3_K's and Q5_K's on avx512vnni (`X86_LOWBIT_VNNI512`:
+the panel tiles, 512-bit `vpdpbusd`, named `avx512vnni-int8`, for prefills of every length, Intel's
+and AMD's); the others' long prefills run the tiles where Q4_K's do (Zen with AVX-512), else
+dequantize + BLAS. On arm64 with dot products Q2_K, Q3_K, IQ4_XS, IQ4_NL and IQ3_S
 (`ARM_LOWBIT_INT8`) have `sdot` decode rows and tiles (`arm_lowbit.py`, named `neon-dotprod-int8`
 for decode and for prefills of every length, V1/V2 included: no `smmla` tile for them yet), as
 Q4_K/Q5_K/Q6_K/Q8_0 have in `arm_neon.py`. IQ3_XXS is float rows / dequantize + BLAS everywhere.
@@ -62,9 +63,11 @@ X86_CPU_FEATURES = {"x86-64-v3": X86_64_V3}
 
 INT8_FORMATS = (T.Q4_K, T.Q6_K, T.Q8_0)        # row kernels (decode) and tiles (prefill)
 # x86_lowbit.py's rows and short-prefill tiles (every x86 level): long prefills dequantize + BLAS
+# (but X86_LOWBIT_VNNI512's on avx512vnni)
 X86_LOWBIT_INT8 = (T.Q2_K, T.Q3_K, T.IQ4_XS, T.IQ4_NL, T.IQ3_S, T.Q5_K)
 X86_INT8_LEVELS = ("avx512vnni", "avx512bw", "avxvnni", "avx2")
-# of those, the formats whose tile is 512-bit `vpdpbusd` on avx512vnni (x86_lowbit.py, after the AVX2 code)
+# of those, the formats with panel tiles (512-bit `vpdpbusd`, every prompt length) on avx512vnni
+# (x86_lowbit.py, after the AVX2 code; lowbit_kernels.PANEL)
 X86_LOWBIT_VNNI512 = (T.IQ4_XS, T.Q3_K, T.Q5_K)
 ARM_INT8_FORMATS = (T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0)  # arm_neon.py's rows and tiles
 ARM_LOWBIT_INT8 = (T.Q2_K, T.Q3_K, T.IQ4_XS, T.IQ4_NL, T.IQ3_S)  # arm_lowbit.py's `sdot` rows and tiles

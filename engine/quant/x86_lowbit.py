@@ -7,9 +7,10 @@ accumulator carried across the row and one horizontal sum per row (int8_dot._row
 The instructions are named (`x86_call`), so no InstCombine rewrite can lose them (int8_dot.py's
 generic IR needed run-time knobs for that). Every x86 level from AVX2 up runs these same
 256-bit rows: decode streams the weights from DRAM and a 512-bit body would wait on the same
-bytes (the Q4_K/Q6_K rows are 256-bit on AVX-512 too). The prefill tiles of IQ4_XS, Q3_K and Q5_K
-have 512-bit AVX-512 VNNI forms (`_iq4_xs_block_512`, `_q3_k_block_512`, `_q5_k_block_512`, at the end of this file),
-which lowbit_kernels chooses on that level (paths.X86_LOWBIT_VNNI512).
+bytes (the Q4_K/Q6_K rows are 256-bit on AVX-512 too). IQ4_XS, Q3_K and Q5_K have a second
+prefill scheme on AVX-512 VNNI, at the end of this file: the panel tiles (weights unpacked once per
+product into the P16 order, 2 rows x 4 tokens of 512-bit `vpdpbusd`), which lowbit_kernels runs
+at every prompt length on that level (paths.X86_LOWBIT_VNNI512).
 
 * Q2_K, Q3_K, Q5_K: weights unsigned (Q2_K 0..3, Q3_K 0..7 after adding the high bit as +4,
   Q5_K 0..31), so `vpmaddubsw` (u8 x s8 -> i16 pairs) then `vpmaddwd` by the run's scales.
@@ -22,8 +23,8 @@ which lowbit_kernels chooses on that level (paths.X86_LOWBIT_VNNI512).
   lattice (passed in as a uint32 array), the 32 sign bits expanded to byte masks with `vpshufb`
   + compare and applied to the activations ((x ^ m) - m).
 
-IQ3_XXS (not in issue 20's list) keeps the float rows. arm64 keeps the float rows for all of
-these (no NEON counterpart yet): engine/quant/paths.py says so per format.
+IQ3_XXS (not in issue 20's list) keeps the float rows. arm64 has its own `sdot` rows and tiles
+for these (arm_lowbit.py); engine/quant/paths.py names the path per format.
 """
 from __future__ import annotations
 
@@ -31,11 +32,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from llvmlite import ir
+from numba.core import cgutils
 from numba import types
 from numba.extending import intrinsic
 
-from engine.quant.int8_dot import (F32, I8, I16, I32, I64, WIDE_TILE, GroupScales, _accumulate, _both_halves, _prefetch,
-                                   _q4_k_scales_mins, _row_codegen, _vec, _widen8, x86_call)
+from engine.quant.int8_dot import (F32, I8, I16, I32, I64, WIDE_TILE, _accumulate, _array_ptr,
+                                   _fma, _prefetch, _q4_k_scales_mins, _Row, _row_codegen, _splat_f32, _store,
+                                   _sum_lanes_f32, _vec, x86_call)
 from engine.quant.lowbit import IQ4_LEVELS
 
 V8 = _vec(I8, 32)
@@ -424,172 +427,253 @@ def iq4_nl_row_dot_tile(typingctx, row, nb, xq, xo, xstride, xd, do, dstride, re
     return sig, _row_codegen(_Q8_0_TILE, TILE, _block(_iq4_nl_unpack, 32))
 
 
-# AVX-512 VNNI (Zen 4/5, Ice Lake and later): IQ4_XS's tile in 512-bit vectors, `vpdpbusd` as
-# x86_avx512.py's Q4_K tile. vpdpbusd multiplies unsigned weights by signed activations and
-# there is no 512-bit `vpsignb` to move the levels' signs across, so the levels are looked up
-# biased by +128 (1..241, unsigned) and the bias comes back through the Q8_K sums:
-# sum (l + 128) x = sum l x + 128 sum x, with sum x = bsums[2j] + bsums[2j + 1] per sub-block j.
-# A 4-value lane reaches 4 * 241 * 127 = 122428, past int16, so the sub-block scales multiply
-# the i32 lanes (`vpmulld`) instead of x86_avx512.py's vpackssdw + vpdpwssd.
+# AVX-512 VNNI's `vpdpbusd` multiplies unsigned weights by signed activations, so IQ4_XS's
+# levels are looked up biased by +128 (1..241) and the bias comes back through the activations'
+# sums: sum (l + 128) x = sum l x + 128 sum x.
 _IQ4_LEVELS_U8 = [int(v) + 128 for v in IQ4_LEVELS] * 4
-# 64 nibble indices from a 32-byte run of two sub-blocks in value order: the 128-bit lanes are
-# (sub-block 2c low nibbles, its high nibbles, 2c + 1 low, 2c + 1 high); the high nibbles shift
-# down per 16-bit lane (vpsrlvw), the & 15 drops what crosses from the neighbouring byte
-_IQ4_SPREAD = list(range(16)) * 2 + list(range(16, 32)) * 2
-_IQ4_SHIFT = ([0] * 8 + [4] * 8) * 2
 
 
-def _iq4_xs_block_512(row, a, i, accs):
+# Panel tiles (AVX-512 VNNI): the activations in activations.Q8KTokens.p16()'s order, where i32
+# lane k of every 64-byte vector meets the 16 values of group k, and the weights unpacked into
+# the same order (a two-source dword permute per vector, `vpermt2d`). A block is then four
+# `vpdpbusd` chained into one <16 x i32> per row and token and three float multiply-adds: to
+# d_x, by the block's scale vector (d * the scale of lane k's group) and the sums term (xsf =
+# d_x * sums16 times IQ4_XS's -128 * scale, Q3_K's -4 * scale or Q5_K's -dmin * min). The
+# earlier tiles multiplied the scales per 64 bytes and token (`vpmulld`, or `vpackssdw` +
+# `vpdpwssd`) and unpacked every block once per 4 tokens.
+_V16 = _vec(I32, 16)
+
+
+def _dwords(b, lo, hi, idx: list[int]):
+    """<16 x i32> of dwords idx of the 32 in (lo, hi): `vpermt2d`."""
+    return b.shuffle_vector(lo, hi, ir.Constant(_vec(I32, 16), idx))
+
+
+def _per_lane(b, op, v, amounts: list[int]):
+    return getattr(b, op)(v, ir.Constant(_V16, amounts))
+
+
+def _bit_to(b, v, bits: list[int], to: int):
+    """Bit bits[k] of every byte of dword k moved to bit `to` (a per-dword rotate, `vprold`);
+    the other bits are left for the caller's mask."""
+    fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(_V16, [_V16] * 3), "llvm.fshl.v16i32")
+    return b.call(fn, [v, v, ir.Constant(_V16, [(to - j) % 32 for j in bits])])
+
+
+def _bytes512(v: int):
+    return ir.Constant(_V16, [int.from_bytes(bytes([v] * 4), "little")] * 16)
+
+
+def _lanes_of(b, v, idx: list[int], signed: bool = False):
+    """<16 x float> of lanes idx of the integer vector v."""
+    picked = b.shuffle_vector(v, v, ir.Constant(_V16, idx))
+    return b.sitofp(picked, _vec(F32, 16)) if signed else b.uitofp(picked, _vec(F32, 16))
+
+
+def _iq4_xs_unpack_p16(row, i):
+    # lane k: sub-block k // 2, the low nibbles (values 0-15) for even k, the high ones for odd
     b = row.b
-    v64, v16, w32 = _vec(I8, 64), _vec(I32, 16), _vec(I16, 32)
     p = b.mul(i, _c64(136))
     _prefetch(row, p, 136)
-    d = row.half(p)
+    d = _splat_f32(b, row.half(p), 16)
     sh = b.zext(row.load("row", b.add(p, _c64(2)), I16, align=1), I32)
     sl = row.load("row", b.add(p, _c64(4)), I32, align=1)
     shv = b.and_(b.lshr(_splat_i32(b, sh), ir.Constant(D32, [2 * j for j in range(8)])), ir.Constant(D32, [3] * 8))
     slv = b.and_(b.lshr(_splat_i32(b, sl), ir.Constant(D32, [4 * j for j in range(8)])), ir.Constant(D32, [15] * 8))
     ls = b.sub(b.or_(slv, b.shl(shv, ir.Constant(D32, [4] * 8))), ir.Constant(D32, [32] * 8))  # -32..31
-    # the bias term per sub-block against the sums: -128 * scale j in i16 lanes 2j, 2j + 1 (|.| <= 4096)
-    bias = b.mul(b.trunc(b.shuffle_vector(ls, ls, ir.Constant(v16, [k // 2 for k in range(16)])), W16),
-                 ir.Constant(W16, [-128] * 16))
-    table = ir.Constant(v64, _IQ4_LEVELS_U8)
-    weights, scales = [], []
+    dsc = b.fmul(_lanes_of(b, ls, [k // 2 for k in range(16)], signed=True), d)
+    q = [b.bitcast(row.load("row", b.add(p, _c64(8 + 64 * h)), _vec(I8, 64), align=1), _V16) for h in range(2)]
+    table = ir.Constant(_vec(I8, 64), _IQ4_LEVELS_U8)
+    weights = []
     for c in range(4):
-        q = row.load("row", b.add(p, _c64(8 + 32 * c)), V8, align=1)
-        spread = b.shuffle_vector(q, q, ir.Constant(_vec(I32, 64), _IQ4_SPREAD))
-        idx = b.and_(b.bitcast(b.lshr(b.bitcast(spread, w32), ir.Constant(w32, _IQ4_SHIFT)), v64),
-                     ir.Constant(v64, [15] * 64))
-        weights.append(b.bitcast(x86_call(b, "llvm.x86.avx512.pshuf.b.512", v64, [table, idx]), v16))
-        scales.append(b.shuffle_vector(ls, ls, ir.Constant(v16, [2 * c] * 8 + [2 * c + 1] * 8)))
-    zero = ir.Constant(v16, [0] * 16)
-    for t in range(row.ntok):
-        o = b.add(row.offset("xo", "xstride", t), b.mul(i, _c64(256)))
-        isum = None
-        for c in range(4):
-            x = b.bitcast(row.load("xq", b.add(o, _c64(64 * c)), v64, align=1), v16)
-            part = b.mul(x86_call(b, "llvm.x86.avx512.vpdpbusd.512", v16, [zero, weights[c], x]), scales[c])
-            isum = part if isum is None else b.add(isum, part)
-        sums = row.load("xs", b.add(row.offset("so", "sstride", t), b.mul(i, _c64(16))), W16, align=2)
-        isum = b.add(isum, _widen8(b, _madd(b, sums, bias)))
-        xd = row.load("xd", b.add(row.offset("do", "dstride", t), i), F32)
-        _accumulate(b, accs[t], isum, b.fmul(d, xd))
+        raw = _dwords(b, q[0], q[1], [4 * (k // 2) + c for k in range(16)])
+        nib = b.and_(_per_lane(b, "lshr", raw, [4 * (k % 2) for k in range(16)]), _bytes512(15))
+        looked = x86_call(b, "llvm.x86.avx512.pshuf.b.512", _vec(I8, 64), [table, b.bitcast(nib, _vec(I8, 64))])
+        weights.append(b.bitcast(looked, _V16))
+    return weights, dsc, b.fmul(dsc, _splat_f32(b, ir.Constant(F32, -128.0), 16))
 
 
-@intrinsic
-def iq4_xs_row_dot_tile_512(typingctx, row, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res, grid):
-    """`iq4_xs_row_dot_tile` in 512-bit AVX-512 VNNI instructions (`vpdpbusd`, `vpshufb` zmm); on
-    every other x86 level it is `iq4_xs_row_dot_tile` (lowbit_kernels' drivers type every kind)."""
-    from engine.quant import paths
-
-    args = (row, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res, grid)
-    if paths.target().level != "avx512vnni":
-        return _q8k_tile("IQ4_XS", args)
-    _x86_only("IQ4_XS")
-    return types.void(*args), _row_codegen(_Q8K_TILE, TILE, _iq4_xs_block_512, lanes=16)
-
-
-def _q3_k_block_512(row, a, i, accs):
-    """Q3_K's tile on AVX-512 VNNI: x86_avx512.py's Q6_K scheme (a scale per 16 values). The
-    quants are 0..7 (the -4 through the sums, as the AVX2 tile), so a 4-value `vpdpbusd` lane is
-    at most 4 * 7 * 128 and two results narrow into one vector (`vpackssdw`) for one
-    `vpdpwssd` by the scales. Vector c holds values 64c..64c+63: runs 2c, 2c + 1 of the block,
-    i.e. the 2-bit fields s = 2 (c % 2) and s + 1 of qs half c // 2 and hmask bits 2c, 2c + 1."""
+def _q45_k_unpack_p16(row, i, bpb: int, qs_at: int, qh_at: int | None):
+    # Q4_K / Q5_K, lane k: sub-block j = k // 2, values 16 (k % 2) + 4c + v: the nibble j % 2 of
+    # qs dword 8 (j // 2) + 4 (k % 2) + c, Q5_K's fifth bit j of qh dword 4 (k % 2) + c
     b = row.b
-    v64, v16 = _vec(I8, 64), _vec(I32, 16)
+    p = b.mul(i, _c64(bpb))
+    _prefetch(row, p, bpb)
+    words = [row.load("row", b.add(p, _c64(k)), I32, align=1) for k in (4, 8, 12)]
+    packed = b.zext(_q4_k_scales_mins(b, *words), _V16)  # lanes 0-7 scales, 8-15 mins
+    d, dmin = _splat_f32(b, row.half(p), 16), _splat_f32(b, row.half(b.add(p, _c64(2))), 16)
+    dsc = b.fmul(_lanes_of(b, packed, [k // 2 for k in range(16)]), d)
+    off = b.fmul(_lanes_of(b, packed, [8 + k // 2 for k in range(16)]), b.fsub(ir.Constant(_vec(F32, 16), [0.0] * 16), dmin))
+    qs = [b.bitcast(row.load("row", b.add(p, _c64(qs_at + 64 * h)), _vec(I8, 64), align=1), _V16) for h in range(2)]
+    qh = None if qh_at is None else b.bitcast(row.load("row", b.add(p, _c64(qh_at)), _vec(I8, 32), align=1), D32)
+    weights = []
+    for c in range(4):
+        raw = _dwords(b, qs[0], qs[1], [8 * (k // 4) + 4 * (k % 2) + c for k in range(16)])
+        low = b.and_(_per_lane(b, "lshr", raw, [4 * ((k // 2) % 2) for k in range(16)]), _bytes512(15))
+        if qh is None:
+            weights.append(low)
+            continue
+        hbits = b.shuffle_vector(qh, qh, ir.Constant(_V16, [4 * (k % 2) + c for k in range(16)]))
+        high = b.and_(_bit_to(b, hbits, [k // 2 for k in range(16)], 4), _bytes512(16))
+        weights.append(b.or_(low, high))
+    return weights, dsc, off
+
+
+def _q4_k_unpack_p16(row, i):
+    return _q45_k_unpack_p16(row, i, 144, 16, None)
+
+
+def _q5_k_unpack_p16(row, i):
+    return _q45_k_unpack_p16(row, i, 176, 48, 16)
+
+
+def _q6_k_unpack_p16(row, i):
+    # lane k = group k: half h = k // 8, values m = 16 (k % 8) + 4c + v of the half: the nibble
+    # (k % 8) // 4 of ql dword 16h + 4 (k % 4) + c, and 2 bits 2 ((k % 8) // 2) of qh dword
+    # 8h + 4 (k % 2) + c (gguf.quants' Q6_K order)
+    b = row.b
+    p = b.mul(i, _c64(210))
+    _prefetch(row, p, 210)
+    d = _splat_f32(b, row.half(b.add(p, _c64(208)), lane=3), 16)
+    scales = b.sext(row.load("row", b.add(p, _c64(192)), _vec(I8, 16), align=1), _V16)
+    dsc = b.fmul(b.sitofp(scales, _vec(F32, 16)), d)
+    ql = [b.bitcast(row.load("row", b.add(p, _c64(64 * h)), _vec(I8, 64), align=1), _V16) for h in range(2)]
+    qh = b.bitcast(row.load("row", b.add(p, _c64(128)), _vec(I8, 64), align=1), _V16)
+    weights = []
+    for c in range(4):
+        raw = _dwords(b, ql[0], ql[1], [16 * (k // 8) + 4 * (k % 4) + c for k in range(16)])
+        low = b.and_(_per_lane(b, "lshr", raw, [4 * ((k % 8) // 4) for k in range(16)]), _bytes512(15))
+        hbits = b.shuffle_vector(qh, qh, ir.Constant(_V16, [8 * (k // 8) + 4 * (k % 2) + c for k in range(16)]))
+        high = b.and_(_bit_to(b, hbits, [2 * ((k % 8) // 2) for k in range(16)], 4), _bytes512(0x30))
+        weights.append(b.or_(low, high))  # 0..63: the -32 goes through the sums
+    return weights, dsc, b.fmul(dsc, _splat_f32(b, ir.Constant(F32, -32.0), 16))
+
+
+def _q3_k_unpack_p16(row, i):
+    # lane k = group k: half h = k // 8, field s = (k % 8) // 2, values 16 (k % 2) + 4c + v of the
+    # run: 2 bits s of qs dword 8h + 4 (k % 2) + c, the high bit 4h + s of hmask dword 4 (k % 2) + c
+    b = row.b
     p = b.mul(i, _c64(110))
     _prefetch(row, p, 110)
-    d = row.half(b.add(p, _c64(108)), lane=3)
+    d = _splat_f32(b, row.half(b.add(p, _c64(108)), lane=3), 16)
     words = [row.load("row", b.add(p, _c64(k)), I32, align=1) for k in (96, 100, 104)]
-    all16 = b.sext(_q3_k_scales(b, *words), W16)
-    groups = GroupScales(all16, lambda g: g)
-    hm = row.load("row", p, V8, align=1)
-    qv = []
+    scales = b.sext(_q3_k_scales(b, *words), _V16)  # -32..31
+    dsc = b.fmul(b.sitofp(scales, _vec(F32, 16)), d)
+    qs = b.bitcast(row.load("row", b.add(p, _c64(32)), _vec(I8, 64), align=1), _V16)
+    hm = b.bitcast(row.load("row", p, _vec(I8, 32), align=1), D32)
+    weights = []
     for c in range(4):
-        qs = row.load("row", b.add(p, _c64(32 + 32 * (c // 2))), V8, align=1)
-        s = 2 * (c % 2)
-        low = b.and_(_both_halves(b, qs, (2 * s, 2 * s + 2)), ir.Constant(v64, [3] * 64))
-        high = b.and_(_both_halves(b, hm, (2 * c, 2 * c + 1)), ir.Constant(v64, [1] * 64))
-        qv.append(b.bitcast(b.or_(low, b.shl(high, ir.Constant(v64, [2] * 64))), v16))
-    pairs = [(0, 1), (2, 3)]
-    pscales = [groups.packed_pairs(b, [4 * ca + L for L in range(4)], [4 * cb + L for L in range(4)])
-               for ca, cb in pairs]
-    offset = b.mul(all16, ir.Constant(W16, [-4] * 16))
-    zero = ir.Constant(v16, [0] * 16)
-    for t in range(row.ntok):
-        o = b.add(row.offset("xo", "xstride", t), b.mul(i, _c64(256)))
-        dots = [x86_call(b, "llvm.x86.avx512.vpdpbusd.512", v16,
-                         [zero, qv[c], b.bitcast(row.load("xq", b.add(o, _c64(64 * c)), v64, align=1), v16)])
-                for c in range(4)]
-        isum = zero
-        for (ca, cb), sv in zip(pairs, pscales):
-            narrow = x86_call(b, "llvm.x86.avx512.packssdw.512", _vec(I16, 32), [dots[ca], dots[cb]])
-            isum = x86_call(b, "llvm.x86.avx512.vpdpwssd.512", v16, [isum, b.bitcast(narrow, v16), sv])
-        sums = row.load("xs", b.add(row.offset("so", "sstride", t), b.mul(i, _c64(16))), W16, align=2)
-        isum = b.add(isum, _widen8(b, _madd(b, sums, offset)))
-        xd = row.load("xd", b.add(row.offset("do", "dstride", t), i), F32)
-        _accumulate(b, accs[t], isum, b.fmul(d, xd))
+        raw = b.shuffle_vector(qs, qs, ir.Constant(_V16, [8 * (k // 8) + 4 * (k % 2) + c for k in range(16)]))
+        low = b.and_(_per_lane(b, "lshr", raw, [2 * ((k % 8) // 2) for k in range(16)]), _bytes512(3))
+        hbits = b.shuffle_vector(hm, hm, ir.Constant(_V16, [4 * (k % 2) + c for k in range(16)]))
+        high = b.and_(_bit_to(b, hbits, [4 * (k // 8) + (k % 8) // 2 for k in range(16)], 2), _bytes512(4))
+        weights.append(b.or_(low, high))  # 0..7: the -4 goes through the sums
+    return weights, dsc, b.fmul(dsc, _splat_f32(b, ir.Constant(F32, -4.0), 16))
+
+
+_P16_UNPACK = {"IQ4_XS": _iq4_xs_unpack_p16, "Q5_K": _q5_k_unpack_p16, "Q3_K": _q3_k_unpack_p16,
+               "Q4_K": _q4_k_unpack_p16, "Q6_K": _q6_k_unpack_p16}
+
+# The unpack (`{fmt}_unpack_panel`: 256 unsigned bytes in the P16 order, then 16 scales and 16
+# offsets as f32) runs once per weight block and matrix product into a panel of rows that stays
+# in L2 while every token tile passes (lowbit_kernels._panel_rows). One tile serves every format:
+# 2 rows x 4 tokens, each activation vector feeding two `vpdpbusd`. Measured in L1, one thread,
+# Emerald Rapids, one process alternating, best of 7: 2 x 4 at 128-140 GMAC/s, 1 x 4 122, 2 x 2
+# 129, 1 x 2 108; reading the sums as floats offset by 1.5 * 2^23 instead of `vcvtdq2ps` (an
+# exact multiply-add by d_x would need a second one) measured the same, so the sums convert.
+_PANEL_UNPACK_ARGS = ("row", "nb", "wq", "ws")
+PANEL_BYTES, PANEL_SCALES = 256, 32  # per block: unpacked weights (u8), then dsc and off (f32)
+PANEL_ROWS, PANEL_TOKENS = 2, 4
+_PANEL_TILE = ("wq", "wo", "wstride", "ws", "wso", "wsstride", "nb", "xq", "xo", "xstride", "xd", "do", "dstride",
+               "xs", "so", "sstride", "res")
+
+
+def _panel_unpack_intrinsic(name: str):
+    def unpack(typingctx, row, nb, wq, ws):
+        _x86_only(name)
+
+        def codegen(context, builder, signature, args):
+            r = _Row(context, builder, signature, args, _PANEL_UNPACK_ARGS, 1)
+            with cgutils.for_range(builder, r.arg["nb"]) as loop:
+                i = builder.sext(loop.index, I64) if loop.index.type.width < 64 else loop.index
+                weights, dsc, off = _P16_UNPACK[name](r, i)
+                for c in range(4):
+                    ptr = _array_ptr(context, builder, r.aty["wq"], r.arg["wq"],
+                                     builder.add(builder.mul(i, _c64(PANEL_BYTES)), _c64(64 * c)), _V16)
+                    builder.store(weights[c], ptr, align=1)
+                for k, v in enumerate((dsc, off)):
+                    ptr = _array_ptr(context, builder, r.aty["ws"], r.arg["ws"],
+                                     builder.add(builder.mul(i, _c64(PANEL_SCALES)), _c64(16 * k)), v.type)
+                    builder.store(v, ptr, align=4)
+            return context.get_dummy_value()
+        return types.void(row, nb, wq, ws), codegen
+    unpack.__name__ = f"{name.lower()}_unpack_panel"
+    unpack.__doc__ = (f"The nb {name} blocks of row, unpacked for `panel_tile`: wq[256 i:] the values as u8 in "
+                      "the P16 order, ws[32 i:] 16 scales then 16 offsets (f32). AVX-512 VNNI only.")
+    return intrinsic(unpack)
+
+
+iq4_xs_unpack_panel, q5_k_unpack_panel, q3_k_unpack_panel, q4_k_unpack_panel, q6_k_unpack_panel = (
+    _panel_unpack_intrinsic(n) for n in ("IQ4_XS", "Q5_K", "Q3_K", "Q4_K", "Q6_K"))
+
+
+def _panel_codegen(context, builder, signature, args):
+    b = builder
+    row = _Row(context, b, signature, args, _PANEL_TILE, PANEL_TOKENS)
+    f16 = _vec(F32, 16)
+    zero = ir.Constant(_V16, [0] * 16)
+    accs = [[cgutils.alloca_once_value(b, ir.Constant(f16, [0.0] * 16)) for _ in range(PANEL_ROWS)]
+            for _ in range(PANEL_TOKENS)]
+    with cgutils.for_range(b, row.arg["nb"]) as loop:
+        i = b.sext(loop.index, I64) if loop.index.type.width < 64 else loop.index
+
+        def weights_of(r):
+            o = b.add(row.offset("wo", "wstride", r), b.mul(i, _c64(PANEL_BYTES)))
+            so = b.add(row.offset("wso", "wsstride", r), b.mul(i, _c64(PANEL_SCALES)))
+            return ([row.load("wq", b.add(o, _c64(64 * c)), _V16, align=1) for c in range(4)],
+                    row.load("ws", so, f16, align=4), row.load("ws", b.add(so, _c64(16)), f16, align=4))
+
+        def token_of(t):
+            o = b.add(row.offset("xo", "xstride", t), b.mul(i, _c64(256)))
+            xs = [b.bitcast(row.load("xq", b.add(o, _c64(64 * c)), _vec(I8, 64), align=1), _V16) for c in range(4)]
+            di = b.add(row.offset("do", "dstride", t), i)
+            xd = _splat_f32(b, row.load("xd", di, F32), 16)
+            xsf = row.load("xs", b.add(row.offset("so", "sstride", t), b.mul(i, _c64(16))), f16, align=4)
+            return xs, xd, xsf
+
+        def product(r, t, w, x):
+            (weights, dsc, off), (xs, xd, xsf) = w, x
+            s = zero
+            for c in range(4):
+                s = x86_call(b, "llvm.x86.avx512.vpdpbusd.512", _V16, [s, weights[c], xs[c]])
+            scaled = b.fmul(b.sitofp(s, f16), xd)  # exact sums (|sum| < 2^24) times d_x
+            acc = _fma(b, scaled, dsc, b.load(accs[t][r]))
+            b.store(_fma(b, xsf, off, acc), accs[t][r])
+
+        # a row's weights, then each token's activations (LLVM keeps them as vpdpbusd's memory
+        # operands): fewer live registers than the four tokens' activations held for both rows
+        for r in range(PANEL_ROWS):
+            w = weights_of(r)
+            for t in range(PANEL_TOKENS):
+                product(r, t, w, token_of(t))
+    for t in range(PANEL_TOKENS):
+        for r in range(PANEL_ROWS):
+            _store(context, b, row.aty["res"], row.arg["res"], PANEL_ROWS * t + r, _sum_lanes_f32(b, b.load(accs[t][r])))
+    return context.get_dummy_value()
 
 
 @intrinsic
-def q3_k_row_dot_tile_512(typingctx, row, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res, grid):
-    """`q3_k_row_dot_tile` in 512-bit AVX-512 VNNI instructions; `q3_k_row_dot_tile` elsewhere."""
+def panel_tile(typingctx, wq, wo, wstride, ws, wso, wsstride, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride,
+               res):
+    """res[2 t + r] = row r (wq[wo + r wstride:], ws[wso + r wsstride:], as `*_unpack_panel` wrote
+    them) times token t (xq[xo + t xstride:] in the P16 order, xd and xs as Q8KTokens.p16
+    gives them) over nb blocks, for r < 2, t < 4. AVX-512 VNNI only."""
     from engine.quant import paths
 
-    args = (row, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res, grid)
     if paths.target().level != "avx512vnni":
-        return _q8k_tile("Q3_K", args)
-    _x86_only("Q3_K")
-    return types.void(*args), _row_codegen(_Q8K_TILE, TILE, _q3_k_block_512, lanes=16)
+        raise TypeError("the panel tiles are AVX-512 VNNI code; lowbit_kernels.PANEL is empty on other targets")
+    sig = (wq, wo, wstride, ws, wso, wsstride, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res)
+    return types.void(*sig), _panel_codegen
 
 
-def _q5_k_block_512(row, a, i, accs):
-    """Q5_K's tile on AVX-512 VNNI: x86_avx512.py's Q4_K scheme plus the fifth bit (quants 0..31:
-    a 4-value `vpdpbusd` lane is at most 4 * 31 * 128, so two narrow into one `vpdpwssd` by the
-    scales); the mins through the Q8_K sums, as the AVX2 tile. Vector c holds values
-    64c..64c+63: runs 2c, 2c + 1, the nibbles of qs[32c..] and qh bits 2c, 2c + 1."""
-    b = row.b
-    v64, v16 = _vec(I8, 64), _vec(I32, 16)
-    p = b.mul(i, _c64(176))
-    _prefetch(row, p, 176)
-    words = [row.load("row", b.add(p, _c64(k)), I32, align=1) for k in (4, 8, 12)]
-    packed = b.zext(_q4_k_scales_mins(b, *words), W16)  # lanes 0-7 scales, 8-15 mins
-    groups = GroupScales(packed, lambda g: g // 2)
-    mins = _lane_splat(b, packed, [8 + k // 2 for k in range(16)])
-    qh = row.load("row", b.add(p, _c64(16)), V8, align=1)
-    qv = []
-    for c in range(4):
-        qs = row.load("row", b.add(p, _c64(48 + 32 * c)), V8, align=1)
-        low = b.and_(_both_halves(b, qs, (0, 4)), ir.Constant(v64, [15] * 64))
-        high = b.and_(_both_halves(b, qh, (2 * c, 2 * c + 1)), ir.Constant(v64, [1] * 64))
-        qv.append(b.bitcast(b.or_(low, b.shl(high, ir.Constant(v64, [4] * 64))), v16))
-    d, dmin = row.half(p), row.half(b.add(p, _c64(2)))
-    pairs = [(0, 1), (2, 3)]
-    pscales = [groups.packed_pairs(b, [4 * ca + L for L in range(4)], [4 * cb + L for L in range(4)])
-               for ca, cb in pairs]
-    zero = ir.Constant(v16, [0] * 16)
-    for t in range(row.ntok):
-        o = b.add(row.offset("xo", "xstride", t), b.mul(i, _c64(256)))
-        dots = [x86_call(b, "llvm.x86.avx512.vpdpbusd.512", v16,
-                         [zero, qv[c], b.bitcast(row.load("xq", b.add(o, _c64(64 * c)), v64, align=1), v16)])
-                for c in range(4)]
-        isum = zero
-        for (ca, cb), sv in zip(pairs, pscales):
-            narrow = x86_call(b, "llvm.x86.avx512.packssdw.512", _vec(I16, 32), [dots[ca], dots[cb]])
-            isum = x86_call(b, "llvm.x86.avx512.vpdpwssd.512", v16, [isum, b.bitcast(narrow, v16), sv])
-        xd = row.load("xd", b.add(row.offset("do", "dstride", t), i), F32)
-        _accumulate(b, accs[t], isum, b.fmul(d, xd))
-        sums = row.load("xs", b.add(row.offset("so", "sstride", t), b.mul(i, _c64(16))), W16, align=2)
-        _accumulate(b, accs[t], _widen8(b, _madd(b, sums, mins)), b.fsub(ir.Constant(F32, 0.0), b.fmul(dmin, xd)))
 
-
-@intrinsic
-def q5_k_row_dot_tile_512(typingctx, row, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res, grid):
-    """`q5_k_row_dot_tile` in 512-bit AVX-512 VNNI instructions; `q5_k_row_dot_tile` elsewhere."""
-    from engine.quant import paths
-
-    args = (row, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res, grid)
-    if paths.target().level != "avx512vnni":
-        return _q8k_tile("Q5_K", args)
-    _x86_only("Q5_K")
-    return types.void(*args), _row_codegen(_Q8K_TILE, TILE, _q5_k_block_512, lanes=16)

@@ -58,6 +58,8 @@ def _compiled(qtype, tokens: int):
         plan(x[0], np.empty(rows, np.float32))
         return plan.kernel
     plan.tokens(x)
+    if qtype in K._LOWBIT_PANEL:
+        return K._LOWBIT_PANEL[qtype]
     if qtype in K._LOWBIT_MM:
         return K._LOWBIT_MM[qtype]
     return K._mm_q8_0_q8 if qtype == T.Q8_0 else K._mm_k_q8k
@@ -68,6 +70,10 @@ def _compiled(qtype, tokens: int):
 def test_integer_row_kernels_use_the_x86_dot_instructions(qtype, tokens):
     asm = "\n".join(asm_of(_compiled(qtype, tokens)))
     want = EXPECTED[qtype] if tokens == 1 or qtype == T.Q8_0 else TILE_EXPECTED[paths.target().level]
+    if tokens > 1 and qtype in K._LOWBIT_PANEL:  # Intel's AVX-512 VNNI: the panel tiles
+        want = PANEL_K_EXPECTED[qtype]
+        extra = [op for op in VNNI512_TILE_ABSENT if op in asm]
+        assert not extra, f"{qtype.name} x{tokens}: {extra} in the panel kernel's assembly"
     missing = [op for op in want if op not in asm]
     assert not missing, f"{qtype.name} x{tokens}: no {missing} in the kernel's assembly"
 
@@ -77,20 +83,27 @@ def test_integer_row_kernels_use_the_x86_dot_instructions(qtype, tokens):
 def test_low_bit_kernels_use_the_x86_dot_instructions(qtype, tokens):
     asm = "\n".join(asm_of(_compiled(qtype, tokens)))
     want = LOWBIT_EXPECTED[qtype]
+    absent: tuple = ()
     if tokens > 1 and paths.tile_level(qtype) == "avx512vnni":
-        want = VNNI512_TILE_EXPECTED[qtype]
+        want, absent = VNNI512_TILE_EXPECTED[qtype], VNNI512_TILE_ABSENT
     missing = [op for op in want if op not in asm]
     assert not missing, f"{qtype.name} x{tokens}: no {missing} in the kernel's assembly"
+    extra = [op for op in absent if op in asm]
+    assert not extra, f"{qtype.name} x{tokens}: {extra} in the panel kernel's assembly"
 
 
-# the tiles on AVX-512 VNNI (x86_lowbit.py's *_block_512): 4-value sums by
-# vpdpbusd; IQ4_XS's biased levels looked up with vpshufb and its sub-block scales by vpmulld,
-# Q3_K's and Q5_K's sums narrowed (vpackssdw) for vpdpwssd by the scales
+# the panel tiles on AVX-512 VNNI (x86_lowbit.py): weights unpacked into the P16 order
+# (IQ4_XS's biased levels looked up with vpshufb, Q3_K's and Q5_K's high bits rotated into place
+# with vprolvd), then 4-value sums by vpdpbusd, with no per-token scale multiply on the integer
+# port (no vpmulld, no vpackssdw + vpdpwssd: the earlier tiles' scheme)
 VNNI512_TILE_EXPECTED = {
-    T.IQ4_XS: ("vpshufb", "vpdpbusd", "vpmulld", "prefetcht0"),
-    T.Q3_K: ("vpdpbusd", "vpackssdw", "vpdpwssd", "prefetcht0"),
-    T.Q5_K: ("vpdpbusd", "vpackssdw", "vpdpwssd", "prefetcht0"),
+    T.IQ4_XS: ("vpshufb", "vpdpbusd", "prefetcht0"),
+    T.Q3_K: ("vprolvd", "vpdpbusd", "prefetcht0"),
+    T.Q5_K: ("vprolvd", "vpdpbusd", "prefetcht0"),
 }
+VNNI512_TILE_ABSENT = ("vpmulld", "vpackssdw", "vpdpwssd")
+# Q4_K's and Q6_K's panel tiles (Intel's AVX-512 VNNI): Q6_K's two high bits rotated into place
+PANEL_K_EXPECTED = {T.Q4_K: ("vpermi2d", "vpdpbusd", "prefetcht0"), T.Q6_K: ("vprolvd", "vpdpbusd", "prefetcht0")}
 
 
 @pytest.mark.skipif(paths.target().level != "avx512vnni", reason="numba compiling for AVX-512 VNNI")

@@ -143,7 +143,8 @@ def test_bench_matvec_reports_positive_rate():
 
 
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0], ids=lambda t: t.name)
-@pytest.mark.parametrize("tokens,cols", [(2, 1024), (5, 1024), (8, 1024), (67, 256)])
+# (5, 4608): 18 blocks a row, two passes of the AVX-512 VNNI panel tiles' 16-block chunks (Intel)
+@pytest.mark.parametrize("tokens,cols", [(2, 1024), (5, 1024), (8, 1024), (67, 256), (5, 4608)])
 def test_multi_token_int8_kernel(qtype, tokens, cols, int8_here):
     # several tokens per weight block (TILE / WIDE_TILE = 4, padding when T is not a multiple,
     # rows not a multiple of the kernel's row chunk): the exact product of the rounded

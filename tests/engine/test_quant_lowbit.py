@@ -112,10 +112,11 @@ def test_path_chooser_names_the_paths(qtype):
     # integer decode rows on x86 (AVX2 instructions on every level) for five of the formats;
     # IQ3_XXS and every format on arm64 decode with float rows; prefill is dequantize + BLAS
     int8 = qtype in X86_INT8 and paths.target().level in paths.X86_INT8_LEVELS
-    # long prompts: the tiles where Q4_K's take every length (Zen with AVX-512), else BLAS
-    long = int8 and K._tiles_win_at_every_length()
-    # IQ4_XS's, Q3_K's and Q5_K's tiles are 512-bit vpdpbusd on AVX-512 VNNI (x86_lowbit.py)
+    # IQ4_XS's, Q3_K's and Q5_K's tiles are the panel tiles on AVX-512 VNNI (x86_lowbit.py)
     vnni512 = paths.target().level == "avx512vnni" and qtype in paths.X86_LOWBIT_VNNI512
+    # long prompts: the panel tiles, or the tiles where Q4_K's take every length (Zen with
+    # AVX-512), else BLAS
+    long = int8 and (vnni512 or K._tiles_win_at_every_length())
     tile = "avx512vnni-int8" if vnni512 else "avx2-int8"
     want = {"decode": "avx2-int8" if int8 else "float", "prefill": tile if long else "dequantize+blas"}
     assert paths.kernel_paths([qtype]) == {qtype.name: want}
@@ -151,9 +152,11 @@ def test_integer_decode_rows_match_the_exact_product(qtype, rows):
 
 @x86_int8
 @pytest.mark.parametrize("qtype", X86_INT8, ids=lambda t: t.name)
-def test_integer_tiles_match_the_exact_product(qtype):
+# 67 x 4608: on AVX-512 VNNI two 64-row panels, the last of 3 rows (an odd row pairs with
+# itself), and 18 blocks a row (two passes of lowbit_kernels._PANEL_K blocks)
+@pytest.mark.parametrize("rows, cols", [(40, 1024), (67, 4608)], ids=["one-panel", "panels"])
+def test_integer_tiles_match_the_exact_product(qtype, rows, cols):
     # the multi-token tiles (TILE tokens per unpacked block; 67 tokens: padding to the tile)
-    rows, cols = 40, 1024
     raw = _random_blocks(qtype, rows, cols, 10)
     w = gq.dequantize(raw, qtype).reshape(rows, cols).astype(np.float64)
     plan = K.MatvecPlan(qtype, raw, rows, cols)

@@ -4,7 +4,8 @@ the decode rows and the prefill tiles of Q4_K, Q6_K and Q8_0 (and of the low-bit
 x86_lowbit.py, Q2_K, Q3_K, Q5_K, IQ4_XS, IQ4_NL, IQ3_S) match the exact product of the
 reference-decoded weights (gguf.quants' numbers: test_quant_formats holds our decode to them)
 with the activations rounded as llama.cpp rounds them, and the tiles contain the level's
-instructions. An AVX2 build runs on any x86-64-v3 host, so the floor is checked everywhere."""
+instructions. An AVX2 build runs on any x86-64-v3 host, so the floor is checked everywhere. AVX-512
+VNNI runs twice, compiled for an Intel and an AMD core name: their K-format prefill tiles differ."""
 from __future__ import annotations
 
 import json
@@ -26,13 +27,19 @@ LEVELS = {
     "avxvnni": paths.X86_64_V3 + ("avxvnni",),
     "avx512bw": paths.X86_64_V3 + AVX512,
     "avx512vnni": paths.X86_64_V3 + AVX512 + ("avx512vnni",),
+    "avx512vnni-znver": paths.X86_64_V3 + AVX512 + ("avx512vnni",),
 }
+# the CPU name each run compiles for: AMD's AVX-512 VNNI keeps x86_avx512.py's K-format tiles at
+# every prompt length (kernels._tiles_win_at_every_length), Intel's takes the panel tiles for
+# Q4_K and Q6_K too (lowbit_kernels.PANEL)
+CPU_NAME = {"avx512vnni-znver": "znver4"}
 # instructions the K-format tile must contain, and ones it must not (register width)
 TILE_ASM = {
     "avx2": (("vpmaddubsw", "vpmaddwd"), ("zmm", "vpdpbusd")),
     "avxvnni": (("vpdpbusd", "vpackssdw"), ("zmm",)),
     "avx512bw": (("vpmaddubsw", "zmm"), ("vpdpbusd",)),
-    "avx512vnni": (("vpdpbusd", "vpackssdw", "zmm"), ()),
+    "avx512vnni": (("vpdpbusd", "zmm"), ("vpackssdw",)),  # the panel tile
+    "avx512vnni-znver": (("vpdpbusd", "vpackssdw", "zmm"), ()),
 }
 
 _CHILD = r"""
@@ -90,7 +97,7 @@ for qt in X86_INT8:
     res["errors"][qt.name] = worst
 # IQ4_XS's, Q3_K's and Q5_K's tiles: 512-bit vpdpbusd at avx512vnni only (x86_lowbit.py), AVX2 elsewhere
 res["vnni512_tiles"] = {qt.name: "vpdpbusd" in "\n".join(asm_of(K._LOWBIT_MM[qt])) for qt in paths.X86_LOWBIT_VNNI512}
-asm = "\n".join(asm_of(K._mm_k_q8k))
+asm = "\n".join(asm_of(K._LOWBIT_PANEL[T.Q4_K] if T.Q4_K in K._LOWBIT_PANEL else K._mm_k_q8k))
 res["asm"] = {op: op in asm for op in sys.argv[1].split(",") if op}
 # the Q8_0 decode row and tile: the block scale converted without a merge into a live register
 plan = K.MatvecPlan(T.Q8_0, _random_blocks(T.Q8_0, 4096, 256, 3), 4096, 256)
@@ -111,19 +118,20 @@ def test_level_kernels_match_the_exact_product(level, tmp_path):
         pytest.skip(f"this host cannot run {level} code")
     features = tuple(f for f in LEVELS[level] if f in HOST or f != "evex512")
     want, banned = TILE_ASM[level]
-    env = dict(os.environ, NUMBA_CPU_NAME="haswell", NUMBA_CPU_FEATURES=paths.features_flag_string(features))
+    env = dict(os.environ, NUMBA_CPU_NAME=CPU_NAME.get(level, "haswell"),
+               NUMBA_CPU_FEATURES=paths.features_flag_string(features))
     root = Path(__file__).resolve().parents[2]
     r = subprocess.run([sys.executable, "-c", _CHILD, ",".join(want + banned)], capture_output=True, text=True,
                        env=env, cwd=root, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(next(x for x in r.stdout.splitlines() if x.startswith("RESULT "))[len("RESULT "):])
-    assert res["level"] == level
+    assert res["level"] == level.removesuffix("-znver")
     assert all(res["int8"].values()), res["int8"]
     # 1.0 = the tolerance test_quant_kernels holds every integer kernel to
     assert all(e <= 1.0 for e in res["errors"].values()), res["errors"]
     assert all(res["asm"][op] for op in want), res["asm"]
     assert not any(res["asm"][op] for op in banned), res["asm"]
-    assert all(v == (level == "avx512vnni") for v in res["vnni512_tiles"].values()), res["vnni512_tiles"]
+    assert all(v == level.startswith("avx512vnni") for v in res["vnni512_tiles"].values()), res["vnni512_tiles"]
     # a scalar f16 load merged into the accumulator's register (vpinsrw) chained every Q8_0 block
     # to the previous block's FMA: 3.3 GB/s instead of 6-15 on AVX2 (int8_dot._half_at)
     assert not res["q8_0_merges"], res["q8_0_merges"]
