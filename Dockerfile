@@ -14,7 +14,6 @@
 # (downloaded to /tmp) or an EFS path.
 FROM python:3.12-slim-bookworm
 
-ARG TARGETARCH
 ENV LAMBDA_TASK_ROOT=/var/task \
     PYTHONPATH=/var/task \
     PYTHONUNBUFFERED=1 \
@@ -43,9 +42,12 @@ COPY function ./function
 # COPY valid either way (and is removed below).
 COPY pyproject.toml model-bake* /opt/model/
 
-# Kernel cache: compile for a fixed CPU target (neoverse-n1 on arm64 — every Lambda Graviton runs
-# it and it keeps NEON + sdot; x86-64-v3 on x86_64) with the CPU's own feature set (empty
+# Kernel cache: compile for fixed CPU targets with their own feature sets (empty
 # NUMBA_CPU_FEATURES), so a build under emulation writes the cache key a real Lambda CPU looks up.
+# arm64: neoverse-n1 (every Lambda Graviton runs it; NEON + sdot). x86_64: two levels, cascadelake
+# (AVX-512 VNNI: the panel prefill tiles) where the build CPU has it, and x86-64-v3 (AVX2, the
+# floor); cpu.json lists what was built and function/numba_cache.py picks the best level the
+# Lambda's CPU runs at cold start (the init log line's numba_cpu_name says which).
 # /var/task is read-only at run time and numba only uses writable cache directories, so the cache
 # is built in /opt/numba-cache and function/numba_cache.py copies it to /tmp/numba-cache at cold start.
 # ARM64_CPU=neoverse-v1 (or -v2) opts an arm64 image into Graviton3/4 code: i8mm and SVE, which a
@@ -53,15 +55,7 @@ COPY pyproject.toml model-bake* /opt/model/
 ARG ARM64_CPU=neoverse-n1
 RUN set -eux; \
     rm -f /opt/model/pyproject.toml; \
-    case "${TARGETARCH:-$(uname -m)}" in \
-      arm64|aarch64) cpu="${ARM64_CPU}" ;; \
-      amd64|x86_64)  cpu=x86-64-v3 ;; \
-      *)             cpu=generic ;; \
-    esac; \
-    mkdir -p /opt/numba-cache; \
-    printf '{"NUMBA_CPU_NAME": "%s", "NUMBA_CPU_FEATURES": ""}\n' "$cpu" > /opt/numba-cache/cpu.json; \
-    NUMBA_CPU_NAME="$cpu" NUMBA_CPU_FEATURES="" NUMBA_CACHE_DIR=/opt/numba-cache \
-        python -m engine warm-kernels; \
+    python -m function.numba_cache build --dir /opt/numba-cache --arm64-cpu "${ARM64_CPU}"; \
     python -m compileall -q /var/task/engine /var/task/function; \
     chmod -R a+rX /var/task /opt/numba-cache /opt/model
 

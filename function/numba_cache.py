@@ -13,6 +13,13 @@ Without an image cache (the zip deployment with the layer) an arm64 process stil
 ``neoverse-n1``, the target ``make test-arm64`` proves and the image uses, not for the Graviton
 it lands on: numba's LLVM 22.1 miscompiles an SVE dot-product loop at Graviton3's 256-bit vector
 length (llvm/llvm-project#204939, docs/arm64.md), and N1 code runs on every Graviton generation.
+
+On x86_64 the image holds a cache per level (``X86_LEVELS``, built by ``python -m
+function.numba_cache build``): Lambda hands out x86 CPUs with and without AVX-512, and the
+AVX-512 VNNI panel tiles (docs/formats.md: every prompt length of IQ4_XS, Q3_K, Q5_K, on
+Intel Q4_K and Q6_K too) exist only at that level. ``cpu.json`` lists the levels built, best first; a cold start takes the first
+whose CPU flags ``/proc/cpuinfo`` shows. numba keys each cache entry by CPU name, so the levels
+share one directory.
 """
 from __future__ import annotations
 
@@ -25,9 +32,39 @@ import time
 MARKER = ".warmllm-copied"
 CPU_FILE = "cpu.json"
 ARM64_CPU = "neoverse-n1"
+# The x86_64 image's levels, best first: a numba CPU name (with NUMBA_CPU_FEATURES empty, the
+# name's own features: engine/quant/paths.py X86_CPU_FEATURES) and the /proc/cpuinfo flags a CPU
+# needs to run its code. cascadelake is AVX-512 F/CD/BW/DQ/VL + VNNI, which Cascade Lake, Ice
+# Lake, Sapphire/Emerald Rapids and Zen 4/5 all have; x86-64-v3 (AVX2) is the floor Lambda promises.
+X86_LEVELS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("cascadelake", ("avx2", "fma", "f16c", "bmi2", "avx512f", "avx512cd", "avx512bw", "avx512dq",
+                     "avx512vl", "avx512_vnni")),
+    ("x86-64-v3", ("avx2", "fma", "f16c", "bmi2")),
+)
 
 
-def prepare(environ=os.environ, machine: str | None = None) -> dict:
+def cpu_flags(path: str = "/proc/cpuinfo") -> frozenset[str]:
+    """The first CPU's flags (x86 `flags`, arm64 `Features`); empty where the file is unreadable."""
+    try:
+        with open(path) as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    return frozenset(value.split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def choose_level(levels: list[dict], flags: frozenset[str]) -> dict | None:
+    """The first level (best first) whose `requires` flags this CPU has, else None."""
+    for level in levels:
+        if all(f in flags for f in level.get("requires", ())):
+            return level
+    return None
+
+
+def prepare(environ=os.environ, machine: str | None = None, flags: frozenset[str] | None = None) -> dict:
     info: dict = {"numba_cache_dir": None, "numba_cache_copied": False, "numba_cache_files": 0}
     dst = environ.get("NUMBA_CACHE_DIR")
     if not dst and environ.get("AWS_LAMBDA_FUNCTION_NAME"):
@@ -41,11 +78,15 @@ def prepare(environ=os.environ, machine: str | None = None) -> dict:
     if target and os.path.isfile(target):
         try:
             with open(target) as f:
-                for k, v in json.load(f).items():
-                    if k in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES"):
-                        environ.setdefault(k, str(v))
+                spec = json.load(f)
         except (OSError, ValueError):
-            pass
+            spec = {}
+        if "levels" in spec:  # {"levels": [{"NUMBA_CPU_NAME": ..., "requires": [...]}, ...]}
+            info["numba_cpu_levels"] = [lv.get("NUMBA_CPU_NAME") for lv in spec["levels"]]
+            spec = choose_level(spec["levels"], cpu_flags() if flags is None else flags) or {}
+        for k, v in spec.items():
+            if k in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES"):
+                environ.setdefault(k, str(v))
     if "NUMBA_CPU_NAME" not in environ and (machine or platform.machine()) in ("aarch64", "arm64"):
         environ["NUMBA_CPU_NAME"] = ARM64_CPU
         environ.setdefault("NUMBA_CPU_FEATURES", "")
@@ -71,3 +112,50 @@ def prepare(environ=os.environ, machine: str | None = None) -> dict:
     info.update(numba_cache_copied=True, numba_cache_files=n,
                 numba_cache_copy_ms=round((time.perf_counter() - t0) * 1000.0, 1))
     return info
+
+
+def build(cache_dir: str, machine: str | None = None, arm64_cpu: str = ARM64_CPU,
+          flags: frozenset[str] | None = None, warm: tuple[str, ...] = ("-m", "engine", "warm-kernels")) -> list[str]:
+    """The image build: compile every kernel into `cache_dir` once per level this machine can run
+    (warm-kernels runs models, so a level the build CPU lacks would die of SIGILL: it is left
+    out, and said), and write cpu.json. Returns the levels built."""
+    import subprocess
+    import sys
+
+    machine = machine or platform.machine()
+    levels: list[tuple[str, tuple[str, ...]]]
+    if machine in ("aarch64", "arm64"):
+        levels = [(arm64_cpu, ())]
+    elif machine in ("x86_64", "AMD64"):
+        levels = list(X86_LEVELS)
+    else:
+        levels = [("generic", ())]
+    have = cpu_flags() if flags is None else flags
+    os.makedirs(cache_dir, exist_ok=True)
+    built: list[dict] = []
+    for name, requires in levels:
+        missing = [f for f in requires if f not in have]
+        if missing:
+            print(f"numba_cache build: skipping {name}: this build CPU lacks {' '.join(missing)} "
+                  f"(build on a CPU that has them to include it)", flush=True)
+            continue
+        env = {**os.environ, "NUMBA_CPU_NAME": name, "NUMBA_CPU_FEATURES": "", "NUMBA_CACHE_DIR": cache_dir}
+        subprocess.run([sys.executable, *warm], env=env, check=True)
+        built.append({"NUMBA_CPU_NAME": name, "NUMBA_CPU_FEATURES": "", "requires": list(requires)})
+    if not built:
+        raise SystemExit(f"numba_cache build: no level of {[n for n, _ in levels]} runs on this CPU")
+    with open(os.path.join(cache_dir, CPU_FILE), "w") as f:
+        json.dump({"levels": built}, f)
+    return [b["NUMBA_CPU_NAME"] for b in built]
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m function.numba_cache")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build", help="compile the image's kernel cache, one per CPU level this machine runs")
+    b.add_argument("--dir", default="/opt/numba-cache")
+    b.add_argument("--arm64-cpu", default=ARM64_CPU, help="arm64 target (neoverse-v1/-v2: Graviton3/4 only)")
+    a = ap.parse_args()
+    print(json.dumps({"event": "numba_cache_build", "levels": build(a.dir, arm64_cpu=a.arm64_cpu)}))

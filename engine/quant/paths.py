@@ -58,8 +58,12 @@ ARM_CPU_FEATURES = {
 X86_64_V3 = ("64bit", "cmov", "cx8", "cx16", "fxsr", "mmx", "sahf", "sse", "sse2", "sse3", "ssse3", "sse4.1",
              "sse4.2", "crc32", "popcnt", "avx", "avx2", "bmi", "bmi2", "fma", "f16c", "lzcnt", "movbe", "xsave")
 
-# NUMBA_CPU_FEATURES="" on x86_64: the x86-64 micro-architecture levels' features, as for ARM above
-X86_CPU_FEATURES = {"x86-64-v3": X86_64_V3}
+# the x86_64 image's AVX-512 level (function/numba_cache.py X86_LEVELS): LLVM's cascadelake,
+# whose features Cascade Lake, Ice Lake, Sapphire/Emerald Rapids and Zen 4/5 all have
+X86_CASCADELAKE = X86_64_V3 + ("avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl", "avx512vnni")
+
+# NUMBA_CPU_FEATURES="" on x86_64: the image levels' features, as for ARM above
+X86_CPU_FEATURES = {"x86-64-v3": X86_64_V3, "cascadelake": X86_CASCADELAKE}
 
 INT8_FORMATS = (T.Q4_K, T.Q6_K, T.Q8_0)        # row kernels (decode) and tiles (prefill)
 # x86_lowbit.py's rows and short-prefill tiles (every x86 level): long prefills dequantize + BLAS

@@ -89,6 +89,12 @@ def test_image_kernel_cache_covers_the_4b_and_9b_files_formats():
         p = PRESETS[preset]
         need = set(_stored_types(p, weights, _tensor_specs(p, 0)))
         assert need <= covered, (preset, weights, sorted(t.name for t in need - covered))
+    # the Dockerfile's `python -m function.numba_cache build` runs warm-kernels once per CPU level
+    import inspect
+
+    from function import numba_cache
+
     dockerfile = (Path(__file__).resolve().parents[2] / "Dockerfile").read_text()
-    call = re.search(r"python -m engine warm-kernels([^;]*);", dockerfile)
-    assert call is not None and "--weights" not in call.group(1), "the image build must use DEFAULT_WEIGHTS"
+    assert re.search(r"python -m function\.numba_cache build[^;]*;", dockerfile)
+    warm = inspect.signature(numba_cache.build).parameters["warm"].default
+    assert warm[-2:] == ("engine", "warm-kernels"), "the image build must use DEFAULT_WEIGHTS"

@@ -28,11 +28,15 @@ LEVELS = {
     "avx512bw": paths.X86_64_V3 + AVX512,
     "avx512vnni": paths.X86_64_V3 + AVX512 + ("avx512vnni",),
     "avx512vnni-znver": paths.X86_64_V3 + AVX512 + ("avx512vnni",),
+    # the x86_64 image's AVX-512 level: compiled as the image does, for the name's own features
+    # (NUMBA_CPU_NAME=cascadelake, NUMBA_CPU_FEATURES=""; function/numba_cache.py X86_LEVELS)
+    "avx512vnni-image": paths.X86_CASCADELAKE,
 }
 # the CPU name each run compiles for: AMD's AVX-512 VNNI keeps x86_avx512.py's K-format tiles at
 # every prompt length (kernels._tiles_win_at_every_length), Intel's takes the panel tiles for
 # Q4_K and Q6_K too (lowbit_kernels.PANEL)
-CPU_NAME = {"avx512vnni-znver": "znver4"}
+CPU_NAME = {"avx512vnni-znver": "znver4", "avx512vnni-image": "cascadelake"}
+EMPTY_FEATURES = {"avx512vnni-image"}
 # instructions the K-format tile must contain, and ones it must not (register width)
 TILE_ASM = {
     "avx2": (("vpmaddubsw", "vpmaddwd"), ("zmm", "vpdpbusd")),
@@ -40,6 +44,7 @@ TILE_ASM = {
     "avx512bw": (("vpmaddubsw", "zmm"), ("vpdpbusd",)),
     "avx512vnni": (("vpdpbusd", "zmm"), ("vpackssdw",)),  # the panel tile
     "avx512vnni-znver": (("vpdpbusd", "vpackssdw", "zmm"), ()),
+    "avx512vnni-image": (("vpdpbusd", "zmm"), ("vpackssdw",)),
 }
 
 _CHILD = r"""
@@ -119,13 +124,13 @@ def test_level_kernels_match_the_exact_product(level, tmp_path):
     features = tuple(f for f in LEVELS[level] if f in HOST or f != "evex512")
     want, banned = TILE_ASM[level]
     env = dict(os.environ, NUMBA_CPU_NAME=CPU_NAME.get(level, "haswell"),
-               NUMBA_CPU_FEATURES=paths.features_flag_string(features))
+               NUMBA_CPU_FEATURES="" if level in EMPTY_FEATURES else paths.features_flag_string(features))
     root = Path(__file__).resolve().parents[2]
     r = subprocess.run([sys.executable, "-c", _CHILD, ",".join(want + banned)], capture_output=True, text=True,
                        env=env, cwd=root, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(next(x for x in r.stdout.splitlines() if x.startswith("RESULT "))[len("RESULT "):])
-    assert res["level"] == level.removesuffix("-znver")
+    assert res["level"] == level.removesuffix("-znver").removesuffix("-image")
     assert all(res["int8"].values()), res["int8"]
     # 1.0 = the tolerance test_quant_kernels holds every integer kernel to
     assert all(e <= 1.0 for e in res["errors"].values()), res["errors"]
@@ -158,15 +163,36 @@ def test_features_flag_string_turns_off_everything_else():
         assert "-avx512f" in flags
 
 
-@pytest.mark.skipif(platform.machine() not in paths.X86, reason="the x86_64 image's target")
-def test_image_target_x86_64_v3_with_empty_features_runs_the_avx2_int8_kernels():
-    """The x86_64 image compiles and runs with NUMBA_CPU_NAME=x86-64-v3, NUMBA_CPU_FEATURES=""
-    (Dockerfile, cpu.json): LLVM takes the name's features, and so must the kernel chooser; read
-    as "no features" it put the image on the portable float kernels."""
+@pytest.mark.skipif(platform.machine() not in paths.X86, reason="the x86_64 image's targets")
+@pytest.mark.parametrize("name,level,iq4_xs_prefill", [("x86-64-v3", "avx2", "dequantize+blas"),
+                                                       ("cascadelake", "avx512vnni", "avx512vnni-int8")])
+def test_image_targets_with_empty_features_run_their_levels_int8_kernels(name, level, iq4_xs_prefill):
+    """The x86_64 image compiles and runs with NUMBA_CPU_NAME=<level> and NUMBA_CPU_FEATURES=""
+    (function/numba_cache.py X86_LEVELS, cpu.json): LLVM takes the name's features, and so must the
+    kernel chooser; read as "no features" it put the image on the portable float kernels. Only
+    reads the target (no kernel runs), so it holds on any x86 host."""
+    from function.numba_cache import X86_LEVELS
+
+    assert name in dict(X86_LEVELS) and name in paths.X86_CPU_FEATURES
     code = ("import json; from engine.quant import paths; from gguf import GGMLQuantizationType as T; "
-            "print(json.dumps([paths.target().level, paths.has_int8(T.Q4_K), paths.has_int8(T.IQ4_XS)]))")
-    env = dict(os.environ, NUMBA_CPU_NAME="x86-64-v3", NUMBA_CPU_FEATURES="")
+            "print(json.dumps([paths.target().level, paths.has_int8(T.Q4_K), paths.has_int8(T.IQ4_XS), "
+            "paths.prefill_path(T.IQ4_XS)]))")
+    env = dict(os.environ, NUMBA_CPU_NAME=name, NUMBA_CPU_FEATURES="")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                        cwd=Path(__file__).resolve().parents[2], timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert json.loads(r.stdout.strip().splitlines()[-1]) == ["avx2", True, True]
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == [level, True, True, iq4_xs_prefill]
+
+
+def test_image_levels_require_the_flags_of_the_features_they_compile_for():
+    """A level's `requires` (/proc/cpuinfo names) must cover the ISA features LLVM compiles its name
+    for (paths.X86_CPU_FEATURES), or a Lambda CPU without one would die of SIGILL at cold start."""
+    from function.numba_cache import X86_LEVELS
+
+    cpuinfo = {"avx512vnni": "avx512_vnni", "bmi": "bmi1", "sse4.1": "sse4_1", "sse4.2": "sse4_2"}
+    # features every x86-64-v3 CPU has, so the levels do not list them
+    base = {"64bit", "cmov", "cx8", "cx16", "fxsr", "mmx", "sahf", "sse", "sse2", "sse3", "ssse3", "sse4.1",
+            "sse4.2", "crc32", "popcnt", "avx", "bmi", "lzcnt", "movbe", "xsave"}
+    for name, requires in X86_LEVELS:
+        need = {cpuinfo.get(f, f) for f in paths.X86_CPU_FEATURES[name] if f not in base}
+        assert need <= set(requires), (name, need - set(requires))

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from function import numba_cache
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,14 +52,17 @@ def test_on_lambda_without_a_cache_dir_tmp_is_used():
 
 
 def _run(code: str, env: dict) -> str:
-    e = {**os.environ, **env,
-         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    e = {k: v for k, v in {**os.environ, **env, "PYTHONPATH": path}.items() if v is not None}  # None: unset
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=e, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     return r.stdout
 
 
-def test_prebuilt_cache_is_loaded_not_recompiled(tmp_path, model_factory):
+def test_prebuilt_cache_is_loaded_not_recompiled(tmp_path, model_factory, capfd):
+    """The image build (numba_cache.build: one compile per CPU level this host runs, cpu.json) and
+    a Lambda cold start (prepare: the best level this CPU has, the cache copied to /tmp) that loads
+    the kernels instead of compiling them."""
     # a quantized model: F32 weights run on numpy alone, the quant formats run numba kernels
     tiny_model_path = model_factory("tiny", "Q4_K_M")
     image_cache, run_cache = tmp_path / "opt-numba-cache", tmp_path / "tmp-numba-cache"
@@ -68,14 +73,72 @@ from engine.generate import Engine
 e = Engine.load({str(tiny_model_path)!r})
 import json; print(json.dumps({{"compile_ms": e.compile_ms, **info}}))
 """
-    # the image build: compile into the image's cache directory
-    cold = json.loads(_run(load, {"NUMBA_CACHE_DIR": str(image_cache)}).strip().splitlines()[-1])
-    # a cold start on Lambda: read-only image cache copied to /tmp, kernels loaded
-    warm = json.loads(_run(load, {"NUMBA_CACHE_DIR": str(run_cache),
-                                  "WARMLLM_NUMBA_CACHE_SRC": str(image_cache)}).strip().splitlines()[-1])
+    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    old = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:  # the image build: every level compiled into the image's cache directory
+        built = numba_cache.build(str(image_cache), warm=("-c", load))
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+    cold = [json.loads(line) for line in capfd.readouterr().out.splitlines() if line.startswith('{"compile_ms"')]
+    assert [c["numba_cpu_name"] for c in cold] == built
+    spec = json.loads((image_cache / "cpu.json").read_text())
+    best = numba_cache.choose_level(spec["levels"], numba_cache.cpu_flags())["NUMBA_CPU_NAME"]
+    # a cold start on Lambda: read-only image cache copied to /tmp, the level chosen, kernels loaded
+    run_env = {"NUMBA_CACHE_DIR": str(run_cache), "WARMLLM_NUMBA_CACHE_SRC": str(image_cache),
+               "NUMBA_CPU_NAME": None, "NUMBA_CPU_FEATURES": None}
+    warm = json.loads(_run(load, run_env).strip().splitlines()[-1])
     assert warm["numba_cache_copied"] and warm["numba_cache_files"] > 0
-    assert warm["compile_ms"] < cold["compile_ms"] / 3, (cold, warm)
-    print(json.dumps({"cold_compile_ms": cold["compile_ms"], "cached_compile_ms": warm["compile_ms"]}))
+    assert warm["numba_cpu_name"] == best and warm["numba_cpu_levels"] == built
+    cold_ms = cold[built.index(best)]["compile_ms"]
+    assert warm["compile_ms"] < cold_ms / 3, (cold, warm)
+    print(json.dumps({"levels": built, "cold_compile_ms": cold_ms, "cached_compile_ms": warm["compile_ms"]}))
+
+
+def test_prepare_takes_the_best_level_this_cpu_runs(tmp_path):
+    src = tmp_path / "image-cache"
+    src.mkdir()
+    levels = [{"NUMBA_CPU_NAME": name, "NUMBA_CPU_FEATURES": "", "requires": list(req)}
+              for name, req in numba_cache.X86_LEVELS]
+    (src / "cpu.json").write_text(json.dumps({"levels": levels}))
+    avx2 = frozenset({"avx2", "fma", "f16c", "bmi2", "avx512f"})        # AVX-512 but no VNNI: Skylake-X
+    vnni = avx2 | {"avx512cd", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni"}
+    for flags, want in ((vnni, "cascadelake"), (avx2, "x86-64-v3")):
+        env = {"WARMLLM_NUMBA_CACHE_SRC": str(src), "NUMBA_CACHE_DIR": str(tmp_path / want)}
+        info = numba_cache.prepare(env, flags=flags)
+        assert env["NUMBA_CPU_NAME"] == want and env["NUMBA_CPU_FEATURES"] == ""
+        assert info["numba_cpu_levels"] == ["cascadelake", "x86-64-v3"]
+    mine = {"WARMLLM_NUMBA_CACHE_SRC": str(src), "NUMBA_CACHE_DIR": str(tmp_path / "m"), "NUMBA_CPU_NAME": "haswell"}
+    numba_cache.prepare(mine, flags=vnni)
+    assert mine["NUMBA_CPU_NAME"] == "haswell"                           # an explicit setting wins
+    none = {"WARMLLM_NUMBA_CACHE_SRC": str(src), "NUMBA_CACHE_DIR": str(tmp_path / "n")}
+    assert numba_cache.prepare(none, flags=frozenset({"sse4_2"}))["numba_cpu_name"] is None   # below the floor
+    (tmp_path / "cpuinfo").write_text("processor\t: 0\nflags\t\t: fpu avx2 fma\n\nprocessor\t: 1\n")
+    assert numba_cache.cpu_flags(str(tmp_path / "cpuinfo")) == {"fpu", "avx2", "fma"}
+    assert numba_cache.cpu_flags(str(tmp_path / "missing")) == frozenset()
+
+
+def test_build_compiles_the_levels_the_build_cpu_runs_and_says_which_it_skips(tmp_path, capsys):
+    # the warm command records which CPU target it ran for (the real one is `python -m engine warm-kernels`)
+    warm = ("-c", "import os; d = os.environ['NUMBA_CACHE_DIR']; "
+                  "open(os.path.join(d, os.environ['NUMBA_CPU_NAME'] + '.ran'), 'w').write(os.environ['NUMBA_CPU_FEATURES'])")
+    flags = frozenset({"avx2", "fma", "f16c", "bmi2"})
+    assert numba_cache.build(str(tmp_path / "a"), machine="x86_64", flags=flags, warm=warm) == ["x86-64-v3"]
+    said = capsys.readouterr().out
+    assert "skipping cascadelake" in said and "avx512_vnni" in said
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["cpu.json", "x86-64-v3.ran"]
+    spec = json.loads((tmp_path / "a" / "cpu.json").read_text())
+    assert [lv["NUMBA_CPU_NAME"] for lv in spec["levels"]] == ["x86-64-v3"]
+    full = flags | set(dict(numba_cache.X86_LEVELS)["cascadelake"])
+    assert numba_cache.build(str(tmp_path / "b"), machine="x86_64", flags=full, warm=warm) == ["cascadelake", "x86-64-v3"]
+    assert numba_cache.build(str(tmp_path / "c"), machine="aarch64", arm64_cpu="neoverse-v1",
+                             flags=frozenset(), warm=warm) == ["neoverse-v1"]
+    assert (tmp_path / "c" / "neoverse-v1.ran").read_text() == ""
+    with pytest.raises(SystemExit, match="no level"):
+        numba_cache.build(str(tmp_path / "d"), machine="x86_64", flags=frozenset({"sse2"}), warm=warm)
 
 
 def test_kernel_cache_is_versioned_by_the_engine_sources(tmp_path):
