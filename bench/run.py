@@ -19,6 +19,9 @@ bench/results/<stamp>.json:
   cpu.json), and generic tuning is what llama.cpp's -mavx2 build gets. Haswell's scheduling
   model made the parallel Q8_0 decode kernel 2.5-3x slower than its own serial twin on an
   Emerald Rapids host (same inner loop; docs/cpus.md), a cost no Lambda function pays.
+- `image`: ours compiled as the x86_64 image runs on this CPU (function/numba_cache.py
+  X86_LEVELS: the best level the CPU has, `cascadelake` or `x86-64-v3`, NUMBA_CPU_FEATURES
+  empty), OpenBLAS unpinned; llama.cpp native.
 
 The llama.cpp side imports the build for its mode from .bench/llama-<variant>/ (make bench
 builds them first, ~15 min each on 2 cores), else whatever `llama_cpp` the venv has.
@@ -82,9 +85,16 @@ def _mode_env(mode: str, threads: int) -> tuple[dict, str]:
 
     env = dict(os.environ, WARMLLM_THREADS=str(threads))
     variant = "avx2" if mode == "avx2" else "native"
-    if mode == "native":
+    if mode in ("native", "image"):
         for k in PINS:
             env.pop(k, None)
+    if mode == "image":
+        from function.numba_cache import X86_LEVELS, choose_level, cpu_flags
+
+        level = choose_level([{"NUMBA_CPU_NAME": n, "requires": r} for n, r in X86_LEVELS], cpu_flags())
+        if level is None:
+            raise SystemExit("--modes image: this CPU runs none of the x86_64 image's levels")
+        env.update(NUMBA_CPU_NAME=level["NUMBA_CPU_NAME"], NUMBA_CPU_FEATURES="")
     if mode == "native-pinned":
         env.setdefault("OPENBLAS_CORETYPE", "Haswell")
     if mode == "avx2":
@@ -282,7 +292,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="decode with a JSON schema vs unconstrained on Q4_K_M with Qwen3.5's vocabulary "
                          "(bench.constrained; 0: skip)")
     ap.add_argument("--modes", default=None,
-                    help="comma-separated: native, native-pinned, avx2 (see the module docstring); "
+                    help="comma-separated: native, native-pinned, avx2, image (see the module docstring); "
                          "default native,avx2,native-pinned (--large: native)")
     ap.add_argument("--large", action="store_true",
                     help="4B Q4_K_M, 9B Q3_K_M and 9B IQ4_XS (LARGE_RUNS) instead of --preset/--weights")

@@ -75,3 +75,25 @@ def test_rss_goal_grows_the_kv_cache_to_8k_tokens(model_factory):
     assert g["peak_rss_mb_at_kv_tokens"] == round(150.0 + grown, 1)
     assert g["budget_mb"] == round(1.1 * (100 * 2**20 + kv_bytes(path, KV_GOAL_TOKENS)) / 2**20, 1)
     assert g["met"] is False  # 150 MB against a 100 MB file: over 1.1x
+
+
+def test_image_mode_compiles_ours_as_the_x86_64_image_does_on_this_cpu(monkeypatch):
+    import platform
+
+    import pytest
+
+    from bench.run import PINS, _mode_env
+    from function import numba_cache
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("the x86_64 image's levels")
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "Haswell")
+    vnni = frozenset(dict(numba_cache.X86_LEVELS)["cascadelake"])
+    for flags, want in ((vnni, "cascadelake"), (frozenset({"avx2", "fma", "f16c", "bmi2"}), "x86-64-v3")):
+        monkeypatch.setattr(numba_cache, "cpu_flags", lambda flags=flags: flags)
+        env, variant = _mode_env("image", 2)
+        assert (env["NUMBA_CPU_NAME"], env["NUMBA_CPU_FEATURES"], variant) == (want, "", "native")
+        assert not any(k in env for k in PINS)
+    monkeypatch.setattr(numba_cache, "cpu_flags", lambda: frozenset({"sse2"}))
+    with pytest.raises(SystemExit, match="none of the x86_64 image's levels"):
+        _mode_env("image", 2)
