@@ -437,6 +437,11 @@ class Runtime:
             result = eng.generate(prompt, max_tokens=max_tokens, sampling=greq.sampling, stop=list(greq.stop),
                                   deadline=dl.at, on_text=on_text, admit=admit, grammar=grammar,
                                   logprobs=greq.top_logprobs if greq.logprobs else None)
+        except APIError:
+            # admission's 413, raised before any prefill: the prompt was tokenized and its prefix
+            # looked up, and that time belongs in a stage or the line's stages do not sum to total_ms
+            log.add_ms("tokenize_ms", (time.perf_counter() - t) * 1000.0)
+            raise
         except ValueError as exc:
             # a refused call has tokenized the prompt and checked its length: that time is tokenize_ms
             log.add_ms("tokenize_ms", (time.perf_counter() - t) * 1000.0)
