@@ -89,9 +89,9 @@ def _mode_env(mode: str, threads: int) -> tuple[dict, str]:
         for k in PINS:
             env.pop(k, None)
     if mode == "image":
-        from function.numba_cache import X86_LEVELS, choose_level, cpu_flags
+        from function import numba_cache
 
-        level = choose_level([{"NUMBA_CPU_NAME": n, "requires": r} for n, r in X86_LEVELS], cpu_flags())
+        level = numba_cache.best_x86_level(numba_cache.cpu_flags())
         if level is None:
             raise SystemExit("--modes image: this CPU runs none of the x86_64 image's levels")
         env.update(NUMBA_CPU_NAME=level["NUMBA_CPU_NAME"], NUMBA_CPU_FEATURES="")

@@ -56,12 +56,22 @@ def cpu_flags(path: str = "/proc/cpuinfo") -> frozenset[str]:
     return frozenset()
 
 
+def level_spec(name: str, requires: tuple[str, ...] | list[str] = ()) -> dict:
+    """One cpu.json level: the CPU name with empty features (the name's own) and the flags it needs."""
+    return {"NUMBA_CPU_NAME": name, "NUMBA_CPU_FEATURES": "", "requires": list(requires)}
+
+
 def choose_level(levels: list[dict], flags: frozenset[str]) -> dict | None:
     """The first level (best first) whose `requires` flags this CPU has, else None."""
     for level in levels:
         if all(f in flags for f in level.get("requires", ())):
             return level
     return None
+
+
+def best_x86_level(flags: frozenset[str]) -> dict | None:
+    """The x86_64 image level a CPU with these flags runs (what a cold start would pick), else None."""
+    return choose_level([level_spec(name, requires) for name, requires in X86_LEVELS], flags)
 
 
 def prepare(environ=os.environ, machine: str | None = None, flags: frozenset[str] | None = None) -> dict:
@@ -141,7 +151,7 @@ def build(cache_dir: str, machine: str | None = None, arm64_cpu: str = ARM64_CPU
             continue
         env = {**os.environ, "NUMBA_CPU_NAME": name, "NUMBA_CPU_FEATURES": "", "NUMBA_CACHE_DIR": cache_dir}
         subprocess.run([sys.executable, *warm], env=env, check=True)
-        built.append({"NUMBA_CPU_NAME": name, "NUMBA_CPU_FEATURES": "", "requires": list(requires)})
+        built.append(level_spec(name, requires))
     if not built:
         raise SystemExit(f"numba_cache build: no level of {[n for n, _ in levels]} runs on this CPU")
     with open(os.path.join(cache_dir, CPU_FILE), "w") as f:

@@ -101,8 +101,7 @@ import json; print(json.dumps({{"compile_ms": e.compile_ms, **info}}))
 def test_prepare_takes_the_best_level_this_cpu_runs(tmp_path):
     src = tmp_path / "image-cache"
     src.mkdir()
-    levels = [{"NUMBA_CPU_NAME": name, "NUMBA_CPU_FEATURES": "", "requires": list(req)}
-              for name, req in numba_cache.X86_LEVELS]
+    levels = [numba_cache.level_spec(name, req) for name, req in numba_cache.X86_LEVELS]
     (src / "cpu.json").write_text(json.dumps({"levels": levels}))
     avx2 = frozenset({"avx2", "fma", "f16c", "bmi2", "avx512f"})        # AVX-512 but no VNNI: Skylake-X
     vnni = avx2 | {"avx512cd", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni"}
