@@ -82,19 +82,18 @@ def prepare(environ=os.environ, machine: str | None = None, flags: frozenset[str
         environ["NUMBA_CACHE_DIR"] = dst
     info["numba_cache_dir"] = dst
     src = environ.get("WARMLLM_NUMBA_CACHE_SRC")
-    # the CPU target the image compiled for (cpu.json, written by the Dockerfile): the run must use
-    # the same name and features or every cache lookup misses
+    # the CPU target the image compiled for (cpu.json, written by build()): the run must use the
+    # same name and features or every cache lookup misses
     target = os.path.join(src, CPU_FILE) if src else None
     if target and os.path.isfile(target):
         try:
             with open(target) as f:
-                spec = json.load(f)
-        except (OSError, ValueError):
-            spec = {}
-        if "levels" in spec:  # {"levels": [{"NUMBA_CPU_NAME": ..., "requires": [...]}, ...]}
-            info["numba_cpu_levels"] = [lv.get("NUMBA_CPU_NAME") for lv in spec["levels"]]
-            spec = choose_level(spec["levels"], cpu_flags() if flags is None else flags) or {}
-        for k, v in spec.items():
+                levels = json.load(f).get("levels", [])
+        except (OSError, ValueError, AttributeError):
+            levels = []
+        info["numba_cpu_levels"] = [lv.get("NUMBA_CPU_NAME") for lv in levels]
+        level = choose_level(levels, cpu_flags() if flags is None else flags) or {}
+        for k, v in level.items():
             if k in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES"):
                 environ.setdefault(k, str(v))
     if "NUMBA_CPU_NAME" not in environ and (machine or platform.machine()) in ("aarch64", "arm64"):

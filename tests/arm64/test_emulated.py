@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from function import numba_cache
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 import arm64_userland as U  # noqa: E402
@@ -174,7 +176,9 @@ def test_second_process_loads_the_neoverse_n1_cache_without_compiling(tmp_path):
     _need_userland()
     image, run = tmp_path / "opt-numba-cache", tmp_path / "tmp-numba-cache"
     image.mkdir()
-    (image / "cpu.json").write_text(json.dumps({"NUMBA_CPU_NAME": "neoverse-n1", "NUMBA_CPU_FEATURES": ""}))
+    # what numba_cache.build writes on arm64 (it compiles by starting `python`, which needs binfmt_misc
+    # under qemu user-mode: the compile is done here instead, with the same environment)
+    (image / "cpu.json").write_text(json.dumps({"levels": [numba_cache.level_spec(numba_cache.ARM64_CPU)]}))
     build_code = "import sys\nfrom engine.cli import main\nmain(['warm-kernels', '--weights', 'Q4_K_M'])\n" + _STATS
     first = _stats(_emulated(build_code, {"NUMBA_CPU_NAME": "neoverse-n1", "NUMBA_CPU_FEATURES": "",
                                           "NUMBA_CACHE_DIR": str(image)}))

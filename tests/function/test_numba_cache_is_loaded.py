@@ -20,7 +20,7 @@ def test_prepare_copies_once_and_applies_the_cpu_target(tmp_path):
     src, dst = tmp_path / "image-cache", tmp_path / "tmp-cache"
     (src / "engine_abc").mkdir(parents=True)
     (src / "engine_abc" / "k.nbi").write_bytes(b"index")
-    (src / "cpu.json").write_text(json.dumps({"NUMBA_CPU_NAME": "neoverse-n1", "NUMBA_CPU_FEATURES": ""}))
+    (src / "cpu.json").write_text(json.dumps({"levels": [numba_cache.level_spec("neoverse-n1")]}))  # build()'s, arm64
     env = {"WARMLLM_NUMBA_CACHE_SRC": str(src), "NUMBA_CACHE_DIR": str(dst)}
     info = numba_cache.prepare(env)
     assert info["numba_cache_copied"] and info["numba_cache_files"] == 2
