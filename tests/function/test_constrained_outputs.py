@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from engine import constraints as C
 from engine.sampling import SamplingParams
-from function.runtime import Runtime
+from tests.function.warm import warm_runtime
 from function.tool_calls import parse_output
 
 NO_THINK = {"enable_thinking": False}
@@ -45,10 +45,7 @@ class Ctx:
 
 @pytest.fixture(scope="module")
 def rt(tiny_model_path):
-    r = Runtime.from_env({**os.environ, "MODEL_PATH": str(tiny_model_path)})
-    r.start_init(budget_s=300)
-    assert r.engine is not None, r.error
-    return r
+    return warm_runtime(tiny_model_path)
 
 
 def ask(rt, **body):

@@ -7,14 +7,13 @@ path, snapshot restores included (restore_ms used to be counted inside prefill_m
 from __future__ import annotations
 
 import json
-import os
 import time
 
 import pytest
 
 from function.admission import PrefillRate
 from function.request_log import STAGES, TOLERANCE_FRAC, TOLERANCE_MS
-from function.runtime import Runtime
+from tests.function.warm import warm_runtime
 
 from .test_handler import Ctx, body_of, call, with_body
 
@@ -24,10 +23,7 @@ SLACK_S = 0.6           # building and writing the answer, the test's own overhe
 
 @pytest.fixture(scope="module")
 def rt(tiny_model_path):
-    r = Runtime.from_env({**os.environ, "MODEL_PATH": str(tiny_model_path), "STREAM_KEEPALIVE_S": "0"})
-    r.start_init(budget_s=300)
-    assert r.engine is not None, r.error
-    return r
+    return warm_runtime(tiny_model_path, STREAM_KEEPALIVE_S="0")
 
 
 @pytest.fixture(autouse=True)

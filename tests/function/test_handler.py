@@ -14,6 +14,7 @@ import pytest
 from function import runtime as runtime_mod
 from function.request_log import STAGES, TOLERANCE_FRAC, TOLERANCE_MS
 from function.runtime import Runtime
+from tests.function.warm import warm_runtime
 
 EVENTS = Path(__file__).resolve().parents[2] / "events"
 MODES = ("batched", "extend", "cached", "snapshot_memory", "snapshot_efs", "snapshot_s3")
@@ -69,10 +70,7 @@ def assert_stages_sum(line):
 
 @pytest.fixture(scope="module")
 def rt(tiny_model_path):
-    r = Runtime.from_env({**os.environ, "MODEL_PATH": str(tiny_model_path)})
-    r.start_init(budget_s=300)
-    assert r.engine is not None, r.error
-    return r
+    return warm_runtime(tiny_model_path)
 
 
 EXPECTED_STATUS = {

@@ -19,7 +19,7 @@ import pytest
 
 from function import stream_runtime as sr
 from function import streaming as sse_mod
-from function.runtime import Runtime
+from tests.function.warm import warm_runtime
 from tests.function.runtime_api_fake import FakeRuntimeAPI
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,10 +38,7 @@ def event(name: str, **body_changes) -> dict:
 
 @pytest.fixture(scope="module")
 def rt(tiny_model_path):
-    r = Runtime.from_env({**os.environ, "MODEL_PATH": str(tiny_model_path), "STREAM_KEEPALIVE_S": "0.2"})
-    r.start_init(budget_s=300)
-    assert r.engine is not None, r.error
-    return r
+    return warm_runtime(tiny_model_path, STREAM_KEEPALIVE_S="0.2")
 
 
 def drive(rt, events: list[tuple[str, dict]]) -> FakeRuntimeAPI:
