@@ -90,16 +90,22 @@ def test_slow_prefill_stops_between_chunks(rt, capsys, monkeypatch):
     assert_stages_sum(line)
 
 
-def test_slow_decode(rt, capsys, monkeypatch):
-    monkeypatch.setattr(rt.engine.session, "prefill_chunk", 512)   # one prefill pass: decode is under test
+def slow_decode(rt, monkeypatch, seconds: float = 0.1):
+    """Each decode step takes `seconds` longer, no end-of-generation token ends it early, and the
+    prompt is prefilled in one pass: the decode is what runs into the deadline."""
+    monkeypatch.setattr(rt.engine.session, "prefill_chunk", 512)
     monkeypatch.setattr(rt.engine.tokenizer, "eog_ids", frozenset())
     real = rt.engine.session.step
 
     def slow(tok):
-        time.sleep(0.1)
+        time.sleep(seconds)
         return real(tok)
 
     monkeypatch.setattr(rt.engine.session, "step", slow)
+
+
+def test_slow_decode(rt, capsys, monkeypatch):
+    slow_decode(rt, monkeypatch)
     deadline_s = 2.0          # room for the prefill on a loaded host; 100 steps would take 10 s
     resp, line, took = timed(rt, with_body("chat_http_api.json", max_tokens=100), capsys,
                              remaining_s=deadline_s + MARGIN_S)
@@ -201,15 +207,7 @@ class Collect:
 
 
 def test_stream_that_hits_its_deadline_ends_with_a_final_chunk(rt, capsys, monkeypatch):
-    monkeypatch.setattr(rt.engine.session, "prefill_chunk", 512)
-    monkeypatch.setattr(rt.engine.tokenizer, "eog_ids", frozenset())
-    real = rt.engine.session.step
-
-    def slow(tok):
-        time.sleep(0.1)
-        return real(tok)
-
-    monkeypatch.setattr(rt.engine.session, "step", slow)
+    slow_decode(rt, monkeypatch)
     ev = with_body("chat_function_url.json", stream=True, max_tokens=200)
     out = Collect()
     capsys.readouterr()

@@ -135,12 +135,10 @@ def test_stream_arrives_while_the_engine_decodes(tiny_model_path, monkeypatch):
     Session.step wrapped), and the chunks arrive spread over the decode, not in one burst."""
     import threading
 
-    from function.runtime import Runtime
     from function.serve import make_server
+    from tests.function.warm import warm_runtime
 
-    rt = Runtime.from_env({**os.environ, "MODEL_PATH": str(tiny_model_path), "STREAM_KEEPALIVE_S": "0"})
-    rt.start_init(budget_s=300)
-    assert rt.engine is not None, rt.error
+    rt = warm_runtime(tiny_model_path, STREAM_KEEPALIVE_S="0")
     monkeypatch.setattr(rt.engine.tokenizer, "eog_ids", frozenset())
     steps: list[float] = []
     real = rt.engine.session.step
