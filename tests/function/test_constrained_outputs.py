@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from engine import constraints as C
 from engine.sampling import SamplingParams
-from tests.function.warm import warm_runtime
 from function.tool_calls import parse_output
+from tests.function.warm import warm_runtime
 
 NO_THINK = {"enable_thinking": False}
 TOOLS = [
