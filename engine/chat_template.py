@@ -58,8 +58,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
 from engine.settings import DEFAULT_TEMPLATE_MAX_CHARS, DEFAULT_TEMPLATE_TIME_S
 
-__all__ = ["ChatPrompt", "ChatTemplate", "TemplateError", "TemplateLimitError", "boundary_offsets", "literal_spans",
-           "normalise_messages", "user_texts"]
+__all__ = ["ChatPrompt", "ChatTemplate", "TemplateError", "TemplateLimitError", "boundary_offsets",
+           "normalise_messages"]
 
 # TEMPLATE_MAX_CHARS / TEMPLATE_TIME_S (engine/settings.py): 4x the largest prompt the function
 # accepts; two seconds for all the renders of one chat prompt
@@ -549,64 +549,3 @@ class ChatTemplate:
         finally:
             stop.disarm()
             _ACTIVE.budget = None
-
-def user_texts(messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None) -> list[tuple[str, str]]:
-    """(where, text) for every piece of a conversation that the caller wrote rather than the
-    template, in the order a ChatML template renders them: tool definitions (as the template's
-    ``tojson`` writes them), then per message its content, reasoning, tool-call names and argument
-    values. The prompt encoder keeps these literal (no special-token parsing)."""
-    out: list[tuple[str, str]] = []
-    for i, tool in enumerate(tools or []):
-        out.append((f"tools[{i}]", _tojson(tool)))
-    for i, m in enumerate(normalise_messages(messages)):
-        for key in ("reasoning_content", "content"):  # Qwen templates write the reasoning first
-            v = m.get(key)
-            if isinstance(v, str) and v:
-                out.append((f"messages[{i}].{key}", v))
-        for j, call in enumerate(m.get("tool_calls") or []):
-            fn = call.get("function", call) if isinstance(call, Mapping) else {}
-            if isinstance(fn, Mapping):
-                if isinstance(fn.get("name"), str):
-                    out.append((f"messages[{i}].tool_calls[{j}].function.name", fn["name"]))
-                args = fn.get("arguments")
-                for k, v in (args.items() if isinstance(args, Mapping) else ()):
-                    text = v if isinstance(v, str) else _tojson(v)
-                    out.append((f"messages[{i}].tool_calls[{j}].function.arguments.{k}", text))
-    return out
-
-
-def literal_spans(text: str, pieces: Sequence[tuple[str, str]], markers: Sequence[str]) -> list[tuple[int, int]]:
-    """Character ranges of ``text`` (a rendered prompt) holding the user-written ``pieces`` that
-    contain one of the control-token ``markers``: those ranges must be tokenized as plain text, or
-    ``<|im_start|>system`` typed in a message would forge a turn. Pieces are searched in order from
-    where the previous one was found; templates trim contents, so the trimmed form is looked for
-    too."""
-    spans: list[tuple[int, int]] = []
-    cursor = 0
-    for where, piece in pieces:
-        if not any(mk in piece for mk in markers):
-            continue
-        found, seen = -1, False
-        for form in (piece, piece.strip()):
-            if not form:
-                continue
-            seen = seen or form in text
-            found = text.find(form, cursor)
-            if found >= 0:
-                spans.append((found, found + len(form)))
-                cursor = found + len(form)
-                break
-        if found < 0 and seen:
-            # it is there, but not where the template should have put it: it cannot be told apart
-            # from the template's own markers
-            raise TemplateError(f"{where} contains control-token text that the chat template did not "
-                                "render in order; remove the <|...|> markers from it")
-        # not in the text at all: the template dropped it (Qwen3.5 drops old reasoning)
-    spans.sort()
-    merged: list[tuple[int, int]] = []
-    for s, e in spans:
-        if merged and s < merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(e, merged[-1][1]))
-        else:
-            merged.append((s, e))
-    return merged

@@ -32,7 +32,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         messages = json.loads(args.messages)
         if not isinstance(messages, list):
             raise ValueError("--messages must be a JSON list of {role, content} objects")
-        prompt = eng.render_chat(messages)
+        prompt = eng.chat_prompt(messages)   # fields stay text, as in the handler
     elif args.prompt is not None:
         prompt = args.prompt
     else:

@@ -5,7 +5,6 @@ template and one warm Session.
 """
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -14,12 +13,13 @@ from pathlib import Path
 import numpy as np
 
 from engine import threads as threads_mod
-from engine.chat_template import (ChatPrompt, ChatTemplate, TemplateError, boundary_offsets, literal_spans,
-                                   opens_reasoning, user_texts)
+from engine.chat_template import (ChatPrompt, ChatTemplate, TemplateError, boundary_offsets, normalise_messages,
+                                   opens_reasoning)
 from engine.constraints import Constraint, GrammarSpec, compile_grammar
 from engine.decoding import TokenLogprob, TokenPicker
 from engine.errors import ContextOverflow, ModelLoadError, PrefillDeadline
 from engine.gguf_file import GGUFFile
+from engine.history import THINK_CLOSE, FieldEscape, Piece, split_reasoning
 from engine.jsonlog import LogFn, log_event
 from engine.quant import paths
 from engine.models.qwen35 import Qwen35
@@ -58,6 +58,27 @@ class GenerationResult:
         return len(self.token_ids)
 
 
+def _rest_after(held: list[Piece] | None, pieces: list[Piece]) -> list[Piece] | None:
+    """The pieces of a prompt after the `held` ones, if the prompt begins with them (the last held
+    text piece may end inside the prompt's); None if it does not, or nothing follows."""
+    if not held or len(held) > len(pieces):
+        return None
+    *whole, last = held
+    if pieces[:len(whole)] != whole:
+        return None
+    at = pieces[len(whole)]
+    if last.marker:
+        if at != last:
+            return None
+        rest = pieces[len(held):]
+    else:
+        if at.marker or not at.text.startswith(last.text):
+            return None
+        tail = at.text[len(last.text):]
+        rest = ([Piece(tail, False)] if tail else []) + pieces[len(held):]
+    return rest or None
+
+
 def _stop_hold(text: str, stops: Sequence[str]) -> int:
     """How many trailing chars of `text` could still begin a stop string (held back from streaming)."""
     hold = 0
@@ -79,6 +100,7 @@ class Engine:
         self.tokenizer = tokenizer
         self.chat_template = template
         self.chat_template_error: str | None = None    # why the model's template did not compile
+        self.field_escape = FieldEscape(tokenizer.marker_texts)  # chat fields stay text (engine/history.py)
         self.thread_config = thread_config
         self.n_ctx = n_ctx
         self.load_ms = load_ms
@@ -156,37 +178,53 @@ class Engine:
         self.model.forward(np.array([0], dtype=np.int64), state, logits="last")
         self.compile_ms = (time.perf_counter() - t0) * 1e3
 
-    def render_chat(self, messages: list[dict], tools: list[dict] | None = None,
-                    add_generation_prompt: bool = True, **template_kwargs) -> str:
+    def _template(self) -> ChatTemplate:
         if self.chat_template is None:
             if self.chat_template_error:
                 raise TemplateError(f"the model's chat template cannot be used ({self.chat_template_error}); "
                                     "send a prompt to /v1/completions instead of messages")
             raise ModelLoadError(f"{self.path} has no tokenizer.chat_template; send a prompt instead of messages")
-        return self.chat_template.render(messages, tools=tools, add_generation_prompt=add_generation_prompt,
-                                         **template_kwargs)
+        return self.chat_template
+
+    def _render_fields(self, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool,
+                       template_kwargs: dict) -> tuple[str, list[dict], list[dict] | None]:
+        """The template's output over the escaped fields (engine/history.py), with the escaped
+        messages and tools it rendered."""
+        template = self._template()
+        msgs = normalise_messages(messages)
+        if THINK_CLOSE in template.source:
+            msgs = split_reasoning(msgs)
+        msgs = self.field_escape.tree(msgs)
+        escaped_tools = self.field_escape.tree(list(tools)) if tools is not None else None
+        rendered = template.render(msgs, tools=escaped_tools, add_generation_prompt=add_generation_prompt,
+                                   **template_kwargs)
+        return rendered, msgs, escaped_tools
+
+    def render_chat(self, messages: list[dict], tools: list[dict] | None = None,
+                    add_generation_prompt: bool = True, **template_kwargs) -> str:
+        """The prompt text of `messages` as `chat_prompt` renders it (its ``.text``)."""
+        rendered, _, _ = self._render_fields(messages, tools, add_generation_prompt, template_kwargs)
+        return self.field_escape.unescape(rendered)
 
     def chat_prompt(self, messages: list[dict], tools: list[dict] | None = None, *,
                     add_generation_prompt: bool = True, **template_kwargs) -> ChatPrompt:
-        """Render `messages` and tokenize, keeping the warm session's tokens where the text
-        matches them (see `encode_prompt`), with the message-boundary positions for checkpoints
-        and whether the generation prompt opened a reasoning block. `template_kwargs`
-        (``enable_thinking=False`` ...) go to the template."""
+        """Render `messages` and tokenize: the one way history becomes tokens, for the handler and
+        the CLI. Every field stays text, whatever markers it holds (engine/history.py); the
+        template's own markers are tokens. Keeps the warm session's tokens where the prompt
+        begins with them (see `_encode_reusing`), with the message-boundary positions for
+        checkpoints and whether the generation prompt opened a reasoning block.
+        `template_kwargs` (``enable_thinking=False`` ...) go to the template."""
+        template = self._template()
         # one time limit for the prompt's render and the boundary renders together
-        with self.chat_template.budget() if self.chat_template is not None else contextlib.nullcontext():
-            text = self.render_chat(messages, tools=tools, add_generation_prompt=add_generation_prompt,
-                                    **template_kwargs)
-            offsets = self._boundary_offsets(messages, tools, text, template_kwargs)
-        # what the caller wrote stays text: <|im_start|> typed in a message is no turn marker
-        literal = literal_spans(text, user_texts(messages, tools), self.tokenizer.control_texts)
-        ids, spliced = self._encode_reusing(text, literal)
-        return ChatPrompt(text, ids, self._offsets_to_positions(ids, offsets), spliced,
-                          opens_reasoning=add_generation_prompt and opens_reasoning(text))
-
-    def _boundary_offsets(self, messages: list[dict], tools: list[dict] | None, text: str,
-                          kw: dict) -> list[int]:
-        """Checkpoint offsets in `text` (engine.chat_template.boundary_offsets: linear in messages)."""
-        return boundary_offsets(self.render_chat, messages, tools, text, kw)
+        with template.budget():
+            rendered, msgs, tools_e = self._render_fields(messages, tools, add_generation_prompt, template_kwargs)
+            offsets = boundary_offsets(template.render, msgs, tools_e, rendered, template_kwargs)
+        pieces = self.field_escape.pieces(rendered)
+        to_text = self.field_escape.offset_map(rendered)
+        ids, spliced = self._encode_reusing(pieces)
+        return ChatPrompt("".join(p.text for p in pieces), ids,
+                          self._offsets_to_positions(ids, [to_text(o) for o in offsets]), spliced,
+                          opens_reasoning=add_generation_prompt and opens_reasoning(rendered))
 
     def _offsets_to_positions(self, ids: list[int], offsets: list[int]) -> list[int]:
         """Token positions whose decoded text ends exactly at one of the character offsets
@@ -205,25 +243,52 @@ class Engine:
                 positions.append(i + 1)
         return positions
 
-    def _encode_reusing(self, text: str, literal: Sequence[tuple[int, int]] = ()) -> tuple[list[int], int]:
-        """Tokenize `text`; if it begins with exactly the text of the tokens the warm session
-        holds, keep those tokens and tokenize only the rest. After a chat turn the session holds
-        the prompt plus the model's own reply tokens; the next turn's rendering contains the
-        same reply text, and re-tokenizing it may pick different (equally valid) tokens, which
-        would break `extend`. `literal`: character ranges encoded without special-token parsing.
+    def _held_pieces(self) -> list[Piece] | None:
+        """The warm session's tokens as pieces: marker tokens one each, the runs between decoded
+        (None when a run is not whole UTF-8)."""
+        out: list[Piece] = []
+        run: list[int] = []
+        tok = self.tokenizer
+        try:
+            for t in self.session.tokens:
+                if tok.is_marker(t):
+                    if run:
+                        out.append(Piece(tok.decode_bytes(run).decode("utf-8"), False))
+                        run = []
+                    out.append(Piece(tok.piece(t), True))
+                else:
+                    run.append(t)
+            if run:
+                out.append(Piece(tok.decode_bytes(run).decode("utf-8"), False))
+        except UnicodeDecodeError:
+            return None
+        return out
+
+    def _encode_reusing(self, prompt: str | Sequence[Piece]) -> tuple[list[int], int]:
+        """Tokenize `prompt` (text, or a chat prompt's pieces); if it begins with exactly what the
+        warm session holds, keep those tokens and tokenize only the rest. After a chat turn the
+        session holds the prompt plus the model's own reply tokens; the next turn's rendering
+        contains the same reply text, and re-tokenizing it may pick different (equally valid)
+        tokens, which would break `extend`. Pieces must agree marker for marker: text equal to
+        a held marker's is no marker (a field typed ``<|im_end|>`` must not inherit one).
         Returns (ids, how many leading ids came from the session)."""
         held = self.session.tokens
+        tok = self.tokenizer
         if held and self.session.last_logits is not None:
-            try:
-                head = self.tokenizer.decode_bytes(held).decode("utf-8")
-            except UnicodeDecodeError:
-                head = None
-            if head and len(head) < len(text) and text.startswith(head):
-                cut = len(head)
-                tail = [(max(a, cut) - cut, b - cut) for a, b in literal if b > cut]
-                rest = self.tokenizer.encode_with_literals(text[cut:], tail, add_special=False)
-                return list(held) + rest, len(held)
-        return self.tokenizer.encode_with_literals(text, literal), 0
+            if isinstance(prompt, str):
+                try:
+                    head = tok.decode_bytes(held).decode("utf-8")
+                except UnicodeDecodeError:
+                    head = None
+                if head and len(head) < len(prompt) and prompt.startswith(head):
+                    return list(held) + tok.encode(prompt[len(head):], add_special=False), len(held)
+            else:
+                rest = _rest_after(self._held_pieces(), list(prompt))
+                if rest:
+                    return list(held) + tok.encode_pieces(rest, add_special=False), len(held)
+        if isinstance(prompt, str):
+            return tok.encode(prompt), 0
+        return tok.encode_pieces(prompt), 0
 
     def encode_prompt(self, prompt: str | list[int] | ChatPrompt) -> tuple[list[int], list[int]]:
         """(ids, checkpoint boundaries) for any prompt form generate() accepts."""

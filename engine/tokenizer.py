@@ -32,6 +32,8 @@ from tokenizers import AddedToken, Regex
 from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers import models, pre_tokenizers
 
+from engine.history import Piece
+
 __all__ = [
     "IncrementalDecoder",
     "PRE_TOKENIZER_PATTERNS",
@@ -170,7 +172,7 @@ class Tokenizer:
         self.add_bos = bool(add_bos) and self.bos_id is not None
         self._piece_cache: dict[int, bytes] = {}
         self._lock = threading.Lock()
-        self._control_texts: tuple[str, ...] | None = None
+        self._marker_texts: tuple[str, ...] | None = None
 
         # The BPE vocabulary holds every token with its id (the last occurrence wins on a
         # duplicate text, as in llama.cpp's token_to_id); added tokens reuse those ids.
@@ -200,6 +202,9 @@ class Tokenizer:
         if user:
             hf.add_tokens(user)
         self._hf = hf
+        # the same BPE and pre-tokenizer with no added tokens: text in, text tokens out
+        self._plain = _HFTokenizer(hf.model)
+        self._plain.pre_tokenizer = hf.pre_tokenizer
 
         # llama.cpp picks EOG tokens by their text whatever their stored type
         eog = {self.eos_id}
@@ -280,39 +285,45 @@ class Tokenizer:
         return ids
 
     @property
-    def control_texts(self) -> tuple[str, ...]:
-        """The texts of CONTROL tokens (``<|im_start|>`` ...): what must never be parsed out of
-        text a user wrote."""
-        texts = self._control_texts
+    def marker_texts(self) -> tuple[str, ...]:
+        """The texts this tokenizer splits out as one token when it parses specials (CONTROL,
+        UNKNOWN and USER_DEFINED: ``<|im_start|>``, ``<think>``, ``<tool_call>`` ...): what a
+        chat template writes and a client's text never becomes (engine/history.py)."""
+        texts = self._marker_texts
         if texts is None:
+            kinds = (TokenType.CONTROL, TokenType.UNKNOWN, TokenType.USER_DEFINED)
             texts = tuple(sorted({self._tokens[i] for i, t in enumerate(self._types)
-                                  if t in (TokenType.CONTROL, TokenType.UNKNOWN) and self._tokens[i]}))
-            self._control_texts = texts
+                                  if t in kinds and self._tokens[i]}))
+            self._marker_texts = texts
         return texts
 
-    def encode_with_literals(self, text: str, literal: Sequence[tuple[int, int]],
-                             add_special: bool = True) -> list[int]:
-        """Token ids of ``text`` where the character ranges ``literal`` (sorted, disjoint
-        ``(start, end)``) are encoded with ``parse_special=False``: a chat prompt whose message
-        contents are text the user wrote, between the template's own markers, which stay special.
-        Without ranges this is :meth:`encode`."""
-        if not literal:
-            return self.encode(text, add_special=add_special)
+    def encode_text(self, text: str) -> list[int]:
+        """Token ids of ``text`` with every character text: no special or marker token at all
+        (not even USER_DEFINED ones like ``<think>``, which :meth:`encode` keeps whole in either
+        mode, as llama.cpp does). What a chat prompt's fields are encoded with."""
+        if not isinstance(text, str):
+            raise TypeError(f"encode_text() takes str, not {type(text).__name__}")
+        return self._plain.encode(text, add_special_tokens=False).ids if text else []
+
+    def encode_pieces(self, pieces: Sequence[Piece], add_special: bool = True) -> list[int]:
+        """Token ids of a rendered chat prompt cut into pieces (engine/history.py): a marker
+        piece is its token, a text piece :meth:`encode_text`."""
         ids: list[int] = []
         if add_special and self.add_bos and self.bos_id is not None:
             ids.append(self.bos_id)
-        pos = 0
-        for start, end in literal:
-            if not pos <= start <= end <= len(text):
-                raise ValueError(f"literal range ({start}, {end}) is out of order or outside the text")
-            if start > pos:
-                ids += self.encode(text[pos:start], parse_special=True, add_special=False)
-            if end > start:
-                ids += self.encode(text[start:end], parse_special=False, add_special=False)
-            pos = end
-        if pos < len(text):
-            ids += self.encode(text[pos:], parse_special=True, add_special=False)
+        for p in pieces:
+            if p.marker:
+                tid = self._hf.token_to_id(p.text)
+                if tid is None:
+                    raise ValueError(f"{p.text!r} is no token of this vocabulary")
+                ids.append(tid)
+            else:
+                ids += self.encode_text(p.text)
         return ids
+
+    def is_marker(self, id: int) -> bool:
+        """Whether token `id` is one of :attr:`marker_texts`' tokens."""
+        return self._types[id] in (TokenType.CONTROL, TokenType.UNKNOWN, TokenType.USER_DEFINED)
 
     def split_words(self, text: str) -> list[str]:
         """The pre-tokenizer's pieces of ``text`` (no special-token handling): for debugging

@@ -206,14 +206,14 @@ def test_deadline_stops_generation_with_length(rt, capsys, monkeypatch):
 
 def test_tools_and_template_kwargs_reach_the_template(rt, capsys, monkeypatch):
     seen = {}
-    real = rt.engine.render_chat
+    real = rt.engine.chat_template.render
 
     def spy(messages, tools=None, add_generation_prompt=True, **kw):
         out = real(messages, tools=tools, add_generation_prompt=add_generation_prompt, **kw)
         seen.update(tools=tools, kw=kw, prompt=out)
         return out
 
-    monkeypatch.setattr(rt.engine, "render_chat", spy)
+    monkeypatch.setattr(rt.engine.chat_template, "render", spy)
     resp, _ = call(rt, event("tools.json"), capsys)
     assert resp["statusCode"] == 200
     assert seen["tools"][0]["function"]["name"] == "get_weather" and "get_weather" in seen["prompt"]
@@ -346,7 +346,7 @@ def test_planted_delay_moves_only_its_stage(rt, capsys, monkeypatch, stage):
     if stage == "parse_ms":
         monkeypatch.setattr(runtime_mod.oa, "parse_chat", slow(runtime_mod.oa.parse_chat))
     elif stage == "template_ms":
-        monkeypatch.setattr(eng, "render_chat", slow(eng.render_chat))
+        monkeypatch.setattr(eng.chat_template, "render", slow(eng.chat_template.render))
     elif stage == "respond_ms":
         monkeypatch.setattr(runtime_mod, "parse_output", slow(runtime_mod.parse_output))
     elif stage == "prefill_ms":
