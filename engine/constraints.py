@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from engine.json_numbers import finite_schema
 from engine.tokenizer import BYTE_TO_UNICODE, Tokenizer, TokenType
 
 __all__ = [
@@ -191,8 +192,9 @@ def _from_lark(lark: str) -> str:
 
 
 def _json_text(schema: Mapping[str, Any]) -> str:
-    """``schema`` as JSON with our output style (x-guidance options the schema sets win)."""
-    s = dict(schema)
+    """``schema`` as JSON with our output style (x-guidance options the schema sets win), every
+    number it admits bounded to a finite double (engine/json_numbers.py)."""
+    s = finite_schema(schema)
     s["x-guidance"] = {**_JSON_STYLE, **(s.get("x-guidance") or {})}
     return json.dumps(s, ensure_ascii=False)
 

@@ -25,6 +25,7 @@ import uuid
 from dataclasses import dataclass
 
 from engine.constraints import schema_types
+from engine.json_numbers import loads_finite
 
 _BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
 _FUNC = re.compile(r"\s*<function=([^>\n]+)>(.*?)</function>\s*", re.S)
@@ -61,7 +62,8 @@ def coerce(value: str, schema) -> object:
         return value
     stripped = value.strip()
     try:
-        parsed = json.loads(stripped)
+        # RFC 8259 and finite doubles only: "1e999" or "NaN" stays text, never Infinity / NaN
+        parsed = loads_finite(stripped)
         ok = True
     except (ValueError, RecursionError):  # JSONDecodeError is a ValueError; model text nested 1,000 deep
         parsed, ok = None, False
@@ -123,7 +125,7 @@ def _parse_block(inner: str, schemas: dict[str, dict]) -> dict | None:
     if body[pos:].strip():
         return None
     return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-            "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}}
+            "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False, allow_nan=False)}}
 
 
 def parse_tool_calls(text: str, tools: list[dict] | None) -> tuple[str, list[dict]]:

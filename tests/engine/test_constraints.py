@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from engine import constraints as C
 from engine.synthetic.vocab import build_vocab
 from engine.tokenizer import Tokenizer, TokenType
-from function.tool_calls import parse_output
+from function.tool_calls import coerce, parse_output
+from tests.strict_json import integers_stay_integers, strict_loads
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +58,11 @@ def _leaf() -> st.SearchStrategy[dict]:
         lambda p: {"type": "string", "pattern": p})
     enums = st.lists(st.sampled_from(["red", "green", "blue", 3, None, True]), min_size=1, max_size=4,
                      unique=True).map(lambda v: {"enum": v})
-    return st.one_of(ints, nums, strs, pats, enums, st.just({"type": "boolean"}), st.just({"type": "null"}))
+    # unbounded numbers: the noise picks long digit runs and exponents; each must stay a finite double
+    unbounded = st.sampled_from([{"type": "number"}, {"type": "integer"}, {"type": ["number", "null"]},
+                                 {"anyOf": [{"type": "integer"}, {"type": "number"}]}])
+    return st.one_of(ints, nums, strs, pats, enums, unbounded, st.just({"type": "boolean"}),
+                     st.just({"type": "null"}))
 
 
 def _node(children: st.SearchStrategy[dict]) -> st.SearchStrategy[dict]:
@@ -82,8 +87,9 @@ FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthChe
 def test_json_schema_outputs_always_parse_and_validate(tok, schema, seed):
     text, c = drive(C.json_schema_grammar(schema), tok, seed)
     assert c.finished or c.masked_steps, text
-    value = json.loads(text)              # parses, whatever the noise preferred
+    value = strict_loads(text)            # parses strictly, whatever the noise preferred
     jsonschema.validate(value, schema)    # and is what the schema asks for
+    integers_stay_integers(value, schema)
 
 
 def _tool(name: str, params: dict) -> dict:
@@ -111,8 +117,51 @@ def test_forced_tool_calls_parse_back_with_valid_arguments(tok, tools, seed, par
         assert len(parsed.tool_calls) == 1
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
     for call in parsed.tool_calls:
-        args = json.loads(call["function"]["arguments"])
+        args = strict_loads(call["function"]["arguments"])
         jsonschema.validate(args, schemas[call["function"]["name"]])
+        integers_stay_integers(args, schemas[call["function"]["name"]])
+
+
+def accepts(spec: C.GrammarSpec, tok: Tokenizer, text: str) -> bool:
+    """Whether the grammar lets the model write exactly `text`."""
+    import llguidance
+
+    m = llguidance.LLMatcher(C.grammar_tokenizer(tok), spec.grammar)
+    ids = tok.encode_text(text)
+    return m.try_consume_tokens(ids) == len(ids) and m.is_accepting()
+
+
+@pytest.mark.parametrize("schema,fine", [
+    ({}, '{"a": [1, 2.5]}'), ({"type": "object"}, '{"a": [1, -2.5]}'), ({"type": "array"}, "[1, -2.5]"),
+    ({"type": "number"}, "-12.25"), ({"type": "object", "properties": {"a": True}}, '{"a": 0.5}'),
+    ({"$defs": {"n": {"type": "number"}}, "type": "array", "items": {"$ref": "#/$defs/n"}}, "[3.5]"),
+    ({"type": "array", "items": [{"type": "number"}]}, "[1]")])
+def test_no_schema_lets_a_number_overflow_a_double(tok, schema, fine):
+    """1e999 is valid RFC 8259 syntax but Infinity to every parser that reads a double, and Infinity
+    written back is no JSON: no place a schema admits a number may hold one (nor a 400-digit one)."""
+    spec = C.json_schema_grammar(schema)
+    assert accepts(spec, tok, fine)
+    for text in ("1e999", "-1e400", "1" + "0" * 400, "[1e999]", '{"a": 1e999}', '{"a": [1, {"b": 2E+400}]}'):
+        assert not accepts(spec, tok, text), (schema, text)
+
+
+def test_integers_have_no_fraction_or_exponent_and_fit_a_double(tok):
+    spec = C.json_schema_grammar({"type": "integer"})
+    assert accepts(spec, tok, "-9007199254740991") and accepts(spec, tok, "42")
+    for text in ("9007199254740992", "1e3", "1.0", "+1", "01", "0x1F"):
+        assert not accepts(spec, tok, text), text
+
+
+def test_a_parameter_the_grammar_did_not_write_is_read_strictly():
+    """Text of a parameter with no schema (or a model's free text) becomes JSON only if it is RFC
+    8259 with finite doubles: 1e999, NaN and Infinity stay strings, never Infinity in arguments."""
+    for text in ("1e999", "-Infinity", "NaN", "[1, 1e400]", "1" + "0" * 400):
+        assert coerce(text, None) == text and coerce(text, {"type": "number"}) == text
+    assert coerce("2.5", {"type": "number"}) == 2.5 and coerce("3.0", {"type": "integer"}) == 3
+    assert isinstance(coerce("3.0", {"type": "integer"}), int)
+    text = parse_output('<tool_call>\n<function=f>\n<parameter=x>\n1e999\n</parameter>\n</function>\n</tool_call>',
+                        tools=[_tool("f", {"type": "object", "properties": {"x": {"type": "number"}}})])
+    assert strict_loads(text.tool_calls[0]["function"]["arguments"]) == {"x": "1e999"}
 
 
 def test_auto_tool_choice_is_free_until_the_model_opens_a_call(tok):

@@ -17,6 +17,7 @@ from engine import constraints as C
 from engine.sampling import SamplingParams
 from function.tool_calls import parse_output
 from tests.function.warm import warm_runtime
+from tests.strict_json import integers_stay_integers, strict_loads
 
 NO_THINK = {"enable_thinking": False}
 TOOLS = [
@@ -30,6 +31,11 @@ TOOLS = [
         "type": "object", "properties": {"q": {"type": "string", "maxLength": 10},
                                          "top": {"type": "integer", "minimum": 1, "maximum": 3}},
         "required": ["q"]}}},
+    # no bounds anywhere: what a new user writes, and where 1e999 became Infinity
+    {"type": "function", "function": {"name": "measure", "parameters": {
+        "type": "object", "properties": {"x": {"type": "number"}, "n": {"type": "integer"},
+                                         "xs": {"type": "array", "items": {"type": "number"}, "maxItems": 3}},
+        "required": ["x", "n"]}}},
 ]
 
 
@@ -84,6 +90,11 @@ SCHEMA_LEAVES = st.one_of(
     st.just({"type": "boolean"}),
     st.just({"enum": ["x", 2, None]}),
     st.just({"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}, "maxItems": 2}),
+    # unbounded: the model may write any number these admit, and each must be a finite double
+    st.just({"type": "number"}),
+    st.just({"type": "integer"}),
+    st.just({"type": ["number", "null"]}),
+    st.just({"type": "array", "items": {"type": "number"}, "maxItems": 3}),
 )
 OBJECTS = st.dictionaries(st.sampled_from(["a", "b", "name", "n"]), SCHEMA_LEAVES, min_size=1, max_size=3).flatmap(
     lambda props: st.lists(st.sampled_from(sorted(props)), unique=True).map(
@@ -102,12 +113,14 @@ def test_every_json_schema_output_of_the_model_validates(tiny_engine, schema, se
     r = tiny_engine.generate(prompt, max_tokens=120, sampling=SamplingParams(temperature=1.0, seed=seed),
                              grammar=C.json_schema_grammar(schema))
     assert r.finish_reason == "stop", (r.text, r.completion_tokens)
-    jsonschema.validate(json.loads(r.text), schema)
+    value = strict_loads(r.text)
+    jsonschema.validate(value, schema)
+    integers_stay_integers(value, schema)
 
 
 @FEW
 @given(seed=st.integers(0, 2**32 - 1), parallel=st.booleans(),
-       named=st.sampled_from([None, "get_weather", "search"]))
+       named=st.sampled_from([None, "get_weather", "search", "measure"]))
 def test_every_forced_tool_call_of_the_model_comes_back_valid(tiny_engine, seed, parallel, named):
     tools = [t for t in TOOLS if named in (None, t["function"]["name"])]
     prompt = tiny_engine.chat_prompt([{"role": "user", "content": "Use a tool"}], tools=tools, **NO_THINK)
@@ -118,7 +131,9 @@ def test_every_forced_tool_call_of_the_model_comes_back_valid(tiny_engine, seed,
     assert calls and (parallel or len(calls) == 1), r.text
     by_name = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
     for c in calls:
-        jsonschema.validate(json.loads(c["function"]["arguments"]), by_name[c["function"]["name"]])
+        args = strict_loads(c["function"]["arguments"])
+        jsonschema.validate(args, by_name[c["function"]["name"]])
+        integers_stay_integers(args, by_name[c["function"]["name"]])
 
 
 # ----------------------------------------------------------------------------- the API
