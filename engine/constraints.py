@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from engine.json_numbers import finite_schema
+from engine.termination import unfinishable_lark, unfinishable_schema
 from engine.tokenizer import BYTE_TO_UNICODE, Tokenizer, TokenType
 
 __all__ = [
@@ -151,6 +152,7 @@ def json_schema_grammar(schema: Mapping[str, Any], field_name: str = "response_f
     and after a ``</think>`` of the model's the reasoning parser strips them anyway)."""
     if not isinstance(schema, Mapping):
         raise GrammarError(field_name, f"a JSON Schema must be an object, got {type(schema).__name__}")
+    _must_finish(unfinishable_schema(schema), field_name)
     lark = f"start: json\njson: %json {_json_text(schema)}\n"
     return GrammarSpec(_from_lark(lark), field_name, kind)
 
@@ -165,7 +167,15 @@ def lark_grammar(text: str, field_name: str = "grammar") -> GrammarSpec:
         lark = any_to_lark(text)
     except Exception as exc:  # the converter raises bare Exceptions on malformed GBNF
         raise GrammarError(field_name, f"not a Lark or GBNF grammar: {exc}") from None
+    _must_finish(unfinishable_lark(lark), field_name)
     return GrammarSpec(_from_lark(lark), field_name, "grammar")
+
+
+def _must_finish(why: str | None, field_name: str) -> None:
+    """A schema or grammar with no finite answer is refused before decoding (engine/termination.py):
+    the mask would lead the model along an answer that never ends."""
+    if why is not None:
+        raise GrammarError(field_name, why)
 
 
 def regex_grammar(pattern: str, field_name: str = "regex") -> GrammarSpec:
@@ -390,6 +400,7 @@ def tool_call_grammar(tools: Sequence[Mapping[str, Any]], *, parallel: bool = Tr
                 rules.append(f"{rule}: {head} {rule}_v")
             else:
                 js = _without_string(ps) if "string" in types else ps
+                _must_finish(unfinishable_schema(js), where)
                 rules.append(f"{rule}: {head} %json {_json_text(js)} {tail}")
             pieces.append(rule if pname in required else f"{rule}?")
         body = " ".join(pieces)
@@ -435,6 +446,14 @@ def compile_grammar(spec: GrammarSpec, tok: Tokenizer) -> CompiledGrammar:
     m = llguidance.LLMatcher(lt, spec.grammar, log_level=0)
     if m.is_error():
         raise GrammarError(spec.field, _short(m.get_error()))
+    # the first step's mask, on a copy: a grammar whose language is empty (no rule reaches a
+    # terminal, an intersection of disjoint regexes) fails here instead of mid-decode
+    probe = m.deep_copy()
+    bits = np.zeros((tok.n_vocab + 31) // 32, dtype=np.int32)
+    probe.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
+    if probe.is_error() or not (bits.any() or probe.is_accepting()):
+        raise GrammarError(spec.field, "the grammar admits no output: no rule of it reaches text the model "
+                                       "could write")
     compiled = CompiledGrammar(spec, m, (time.perf_counter() - t0) * 1e3)
     with _COMPILED_LOCK:
         if len(_COMPILED) >= _COMPILED_MAX:

@@ -30,6 +30,7 @@ DEFAULT_MAX_JSON_DEPTH = 64          # OpenAI bodies nest ~6 deep; JSON Schemas 
 DEFAULT_MAX_NUMBER_DIGITS = 40       # a uint64 seed has 20; a float's repr ~17
 DEFAULT_MAX_MESSAGES = 512
 DEFAULT_MAX_PROMPT_CHARS = 256 * 1024   # 8 characters a token of the default 32k context
+DEFAULT_MAX_TOOLS = 128              # OpenAI's own limit; each tool is rendered and compiled
 
 SURROGATE = re.compile("[\ud800-\udfff]")
 # a \uD800-\uDFFF escape in raw JSON text: only then can a parsed string hold a lone surrogate
@@ -43,6 +44,7 @@ class Limits:
     max_number_digits: int = DEFAULT_MAX_NUMBER_DIGITS  # MAX_NUMBER_DIGITS
     max_messages: int = DEFAULT_MAX_MESSAGES            # MAX_MESSAGES
     max_prompt_chars: int = DEFAULT_MAX_PROMPT_CHARS    # MAX_PROMPT_CHARS
+    max_tools: int = DEFAULT_MAX_TOOLS                  # MAX_TOOLS
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Limits:
@@ -52,6 +54,7 @@ class Limits:
             max_number_digits=positive_int(env, "MAX_NUMBER_DIGITS", DEFAULT_MAX_NUMBER_DIGITS),
             max_messages=positive_int(env, "MAX_MESSAGES", DEFAULT_MAX_MESSAGES),
             max_prompt_chars=positive_int(env, "MAX_PROMPT_CHARS", DEFAULT_MAX_PROMPT_CHARS),
+            max_tools=positive_int(env, "MAX_TOOLS", DEFAULT_MAX_TOOLS),
         )
 
 
@@ -194,6 +197,12 @@ def check_messages(n: int, limits: Limits) -> None:
     if n > limits.max_messages:
         raise bad_request(f"'messages' holds {n} messages; at most {limits.max_messages} are accepted "
                           "(MAX_MESSAGES)", "messages", "too_many_messages")
+
+
+def check_tools(n: int, limits: Limits) -> None:
+    if n > limits.max_tools:
+        raise bad_request(f"'tools' holds {n} tools; at most {limits.max_tools} are accepted (MAX_TOOLS)", "tools",
+                          "too_many_tools")
 
 
 def check_prompt_chars(n: int, param: str, limits: Limits) -> None:

@@ -359,12 +359,14 @@ def _messages(body: dict, lim: Limits) -> list[dict]:
     return out
 
 
-def _tools(body: dict) -> list[dict] | None:
+def _tools(body: dict, lim: Limits) -> list[dict] | None:
     if not _present(body, "tools"):
         return None
     tools = body["tools"]
     if not isinstance(tools, list):
         raise bad_request(f"'tools' must be an array, got {_type_name(tools)}", "tools", "invalid_type")
+    limits_mod.check_tools(len(tools), lim)
+    seen: dict[str, int] = {}
     for i, t in enumerate(tools):
         p = f"tools[{i}]"
         if not isinstance(t, dict) or not isinstance(t.get("function"), dict):
@@ -375,6 +377,11 @@ def _tools(body: dict) -> list[dict] | None:
         if not isinstance(fn.get("name"), str) or not fn["name"]:
             raise bad_request(f"'{p}.function.name' must be a non-empty string", f"{p}.function.name",
                               "invalid_type")
+        if fn["name"] in seen:
+            # a call names its function: two tools of one name make the call ambiguous
+            raise bad_request(f"'{p}.function.name' {fn['name']!r} is also the name of tools[{seen[fn['name']]}]; "
+                              "tool names must be unique", f"{p}.function.name", "duplicate_tool_name")
+        seen[fn["name"]] = i
         if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
             raise bad_request(f"'{p}.function.parameters' must be a JSON Schema object",
                               f"{p}.function.parameters", "invalid_type")
@@ -423,7 +430,7 @@ def parse_chat(body: dict, lim: Limits | None = None) -> GenRequest:
     lim = lim if lim is not None else Limits()
     req = _common(body, "chat", lim)
     req.messages = _messages(body, lim)
-    tools = _tools(body)
+    tools = _tools(body, lim)
     req.tool_choice = _tool_choice(body, tools)
     if req.tool_choice == "none" or not tools:
         req.tools = None

@@ -460,8 +460,14 @@ class Runtime:
             use = oa.usage(result.prompt_tokens, result.completion_tokens, result.prefill.reused_tokens)
             lps = logprob_entries(eng.tokenizer, result.logprobs) if result.logprobs is not None else None
             if result.grammar_error:
+                # the constraint failed mid-decode (an llguidance limit, a token it refused): what was
+                # written is no valid answer, so the client gets an error, never "stop" with a part
+                assert grammar is not None
                 emit({"event": "grammar_error", "request_id": log.fields.get("request_id"),
-                      "error": result.grammar_error})
+                      "field": grammar.field, "error": result.grammar_error})
+                raise bad_request(f"the output constraint '{grammar.field}' failed during generation after "
+                                  f"{result.completion_tokens} tokens: {result.grammar_error}; a simpler schema, "
+                                  "grammar or tool list avoids it", grammar.field, "constraint_failed")
             if greq.stream:
                 # one code path: the live stream has sent its pieces already; a buffering
                 # integration gets the same chunks fed from the pieces, in one body
