@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 
 import jsonschema
 import pytest
@@ -16,7 +15,7 @@ from hypothesis import strategies as st
 from engine import constraints as C
 from engine.sampling import SamplingParams
 from function.tool_calls import parse_output
-from tests.function.warm import warm_runtime
+from tests.function.warm import Ctx, warm_runtime
 from tests.strict_json import integers_stay_integers, strict_loads
 
 NO_THINK = {"enable_thinking": False}
@@ -37,16 +36,6 @@ TOOLS = [
                                          "xs": {"type": "array", "items": {"type": "number"}, "maxItems": 3}},
         "required": ["x", "n"]}}},
 ]
-
-
-class Ctx:
-    aws_request_id = "req-constrained"
-
-    def __init__(self):
-        self._end = time.monotonic() + 120
-
-    def get_remaining_time_in_millis(self):
-        return int((self._end - time.monotonic()) * 1000)
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import pytest
 
 from engine import constraints as C
 from tests.function.test_streaming import FakeHttp
-from tests.function.warm import warm_runtime
+from tests.function.warm import Ctx, warm_runtime
 
 CYCLE = {"$defs": {"a": {"type": "object", "properties": {"b": {"$ref": "#/$defs/b"}}, "required": ["b"]},
                    "b": {"type": "object", "properties": {"a": {"$ref": "#/$defs/a"}}, "required": ["a"]}},
@@ -19,16 +19,6 @@ CYCLE = {"$defs": {"a": {"type": "object", "properties": {"b": {"$ref": "#/$defs
 TREE = {"$defs": {"n": {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/n"},
                                                                  "maxItems": 2}}, "required": ["kids"]}},
         "$ref": "#/$defs/n"}
-
-
-class Ctx:
-    aws_request_id = "req-hostile"
-
-    def __init__(self):
-        self._end = time.monotonic() + 120
-
-    def get_remaining_time_in_millis(self):
-        return int((self._end - time.monotonic()) * 1000)
 
 
 @pytest.fixture(scope="module")
