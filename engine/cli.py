@@ -116,7 +116,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     extra = tuple(int(x) for x in args.extra_pp.split(",") if x) if args.extra_pp else ()
     res = bench.run(args.model, p=args.p, n=args.n, threads=args.threads, extra_pp=extra, repeat=args.repeat,
-                    settings=_settings(), tbt=args.tbt, ttft=not args.no_ttft)
+                    settings=_settings(), tbt=args.tbt, ttft=not args.no_ttft, depth=args.depth)
     if args.json:
         print(json.dumps(res))
     else:
@@ -189,6 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--threads", type=int, default=None)
     b.add_argument("--tbt", type=int, default=32, help="token-by-token prefill tokens (0: skip)")
     b.add_argument("--no-ttft", action="store_true", help="skip the TTFT figure")
+    b.add_argument("-d", "--depth", type=int, default=0,
+                   help="tokens of context already in the session before pp and tg (llama-bench's -d)")
     b.add_argument("--json", action="store_true")
     b.set_defaults(func=cmd_bench)
 
