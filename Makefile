@@ -64,12 +64,15 @@ oracle-fixtures: $(STAMP)
 	$(PY) -c "import llama_cpp" 2>/dev/null || $(PY) -m pip install -q llama-cpp-python
 	$(PY) -m tests.oracle.record_fixtures
 
-# Speed is a benchmark, never a test: ours vs llama.cpp on the same 0.8B-shaped files, same threads.
-# llama.cpp is built twice for it (native, and held to AVX2: bench/build_llama.py), ~15 min each
-# the first time; BENCH_ARGS passes options to bench.run (e.g. --modes native --rounds 3;
-# --large: the 4B Q4_K_M, 9B Q3_K_M and 9B IQ4_XS files instead, load/ready/RSS/pp512/tg128).
+# Speed is a benchmark, never a test: ours vs both peers, mainline llama.cpp and ik_llama.cpp, on the
+# same 0.8B-shaped files, same threads, one run. Each peer's llama-bench is built from its PyPI sdist
+# (native, and held to AVX2: bench/peers.py), and llama.cpp's Python binding for the TTFT figure
+# (bench/build_llama.py), into ~/.cache/warmllm/peers (WARMLLM_PEERS_DIR): ~15-30 min each the
+# first time, reused after. BENCH_ARGS passes options to bench.run (e.g. --modes native --rounds 3;
+# --depths 4096,32768; --large: the 4B Q4_K_M, 9B Q3_K_M and 9B IQ4_XS files instead).
 bench: $(STAMP)
 	$(PY) -m bench.build_llama native avx2
+	$(PY) -m bench.peers build
 	$(PY) -m bench.run $(BENCH_ARGS)
 
 # Estimated Graviton cycles, ours and llama.cpp's aarch64 build, from instruction counts under a

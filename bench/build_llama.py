@@ -1,6 +1,9 @@
 """Builds llama.cpp (llama-cpp-python, from its PyPI source) for the benchmark, once per
-instruction-set variant, into `.bench/llama-<variant>/` (a pip `--target` folder that
-`bench.run` puts on the llama.cpp side's PYTHONPATH).
+instruction-set variant, into the peers' cache outside the work tree,
+`$WARMLLM_PEERS_DIR/llama-cpp-python-<version>-<variant>-python/` (default ~/.cache/warmllm/peers:
+a later session or clone on the machine reuses it), a pip `--target` folder that `bench.run` puts
+on the llama.cpp side's PYTHONPATH for the figures llama-bench has no equivalent of (TTFT of a
+chat prompt, token-by-token prefill). bench/peers.py builds both peers' llama-bench beside it.
 
     python -m bench.build_llama native avx2
 
@@ -22,8 +25,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-BUILD_ROOT = ROOT / ".bench"
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"  # the version the oracle fixtures were recorded with
 
 NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
@@ -35,8 +36,13 @@ VARIANTS: dict[str, list[str]] = {
 }
 
 
+def cache_root() -> Path:
+    """Where peer builds live: $WARMLLM_PEERS_DIR, else ~/.cache/warmllm/peers (outside the work tree)."""
+    return Path(os.environ.get("WARMLLM_PEERS_DIR") or Path.home() / ".cache" / "warmllm" / "peers").expanduser()
+
+
 def target_dir(variant: str) -> Path:
-    return BUILD_ROOT / f"llama-{variant}"
+    return cache_root() / f"{LLAMA_CPP_PYTHON.replace('==', '-')}-{variant}-python"
 
 
 def is_built(variant: str) -> bool:

@@ -30,7 +30,7 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.build_llama import VARIANTS
+from bench.build_llama import VARIANTS, cache_root
 
 __all__ = ["PEERS", "Peer", "bench_binary", "build", "cache_root", "llama_bench_args", "parse_llama_bench"]
 
@@ -64,10 +64,6 @@ PEERS: dict[str, Peer] = {
     "ik": Peer("ik", "ik_llama.cpp", "ik-llama-cpp-python", "0.1.5", "vendor/ik_llama.cpp",
                (*_COMMON, "-DLLAMA_BUILD_EXAMPLES=ON"), ("-rtr", "1", "-fa", "1"), depth_flag="-gp"),
 }
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("WARMLLM_PEERS_DIR") or Path.home() / ".cache" / "warmllm" / "peers").expanduser()
 
 
 def build_dir(peer: Peer, variant: str) -> Path:

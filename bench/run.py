@@ -23,8 +23,16 @@ bench/results/<stamp>.json:
   X86_LEVELS: the best level the CPU has, `cascadelake` or `x86-64-v3`, NUMBA_CPU_FEATURES
   empty), OpenBLAS unpinned; llama.cpp native.
 
-The llama.cpp side imports the build for its mode from .bench/llama-<variant>/ (make bench
-builds them first, ~15 min each on 2 cores), else whatever `llama_cpp` the venv has.
+Two peers, each built for the mode's variant (native, or avx2 for `avx2`) in
+~/.cache/warmllm/peers (WARMLLM_PEERS_DIR; make bench builds them first, ~15-30 min each on 2
+cores, reused after): mainline llama.cpp and ik_llama.cpp, each timed by its own `llama-bench -o
+json` (bench/peers.py) in its best CPU options (recorded in the receipt), and mainline once more
+through its Python binding (bench/llama_bench.py, from the same cache, else whatever `llama_cpp`
+the venv has) for the figures llama-bench has no equivalent of (TTFT of the 421-token prompt,
+token-by-token prefill, ready time, RSS). `ratios_vs_peers` is ours ÷ each peer for pp512, tg128
+and both at each `--depths` context depth (default 4096: llama-bench -d / -gp, ours `engine
+bench --depth`). `bandwidth` puts each decode against the host's read bandwidth (bench/bandwidth.py,
+measured once per receipt with the bench's threads): bytes read per token × tok/s ÷ bandwidth.
 
 The two sides alternate (ours, llama.cpp, ours, llama.cpp: `--rounds`) and each figure is the
 best over the rounds: on this shared machine the load drifts over minutes, and measuring one
@@ -140,8 +148,16 @@ def best_of(rounds: list[dict]) -> dict:
 
 
 def measure(model: Path, threads: int, p: int, n: int, env: dict, with_llama: bool, rounds: int,
-            extra_pp: str = "2048", quick: bool = False) -> dict:
-    """`quick` (--large): load, ready, pp, tg and peak RSS only, no empty-cache cold start."""
+            extra_pp: str = "2048", quick: bool = False, variant: str = "native",
+            depths: tuple[int, ...] = ()) -> dict:
+    """`quick` (--large): load, ready, pp, tg and peak RSS only, no empty-cache cold start.
+    Each round also runs every peer's llama-bench built for `variant` (bench/peers.py), and
+    ours and theirs at each context depth in `depths`."""
+    from bench import peers as peers_mod
+
+    built = {k: pr for k, pr in peers_mod.PEERS.items() if peers_mod.is_built(pr, variant)}
+    peer_runs: dict[str, list[dict]] = {k: [] for k in built}
+    depth_runs: dict[int, list[dict]] = {d: [] for d in depths}
     common = ["--model", str(model), "-p", str(p), "-n", str(n), "--extra-pp", extra_pp, "--threads", str(threads),
               "--repeat", "1", "--json"] + (["--no-ttft", "--tbt", "0"] if quick else [])
     ours_runs, theirs_runs = [], []
@@ -154,7 +170,24 @@ def measure(model: Path, threads: int, p: int, n: int, env: dict, with_llama: bo
         ours_runs.append(_py(["-m", "engine", "bench", *common], env))
         if with_llama:
             theirs_runs.append(_py(["-m", "bench.llama_bench", *common], env))
+        for d in depths:
+            depth_runs[d].append(_py(["-m", "engine", "bench", "--model", str(model), "-p", str(p), "-n", str(n),
+                                      "--threads", str(threads), "--repeat", "1", "--no-ttft", "--tbt", "0",
+                                      "--depth", str(d), "--json"], env))
+        for key, peer in built.items():
+            r = peers_mod.run(peer, variant, str(model), threads, p, n)
+            for d in depths:
+                at = peers_mod.run(peer, variant, str(model), threads, p, n, depth=d)
+                r.setdefault("figures", {}).update(at.get("figures", {}))
+                if "error" in at:
+                    r.setdefault("errors", []).append(at["error"])
+            peer_runs[key].append(r)
     ours = best_of(ours_runs)
+    for d in depths:
+        best = best_of(depth_runs[d])
+        for k in ("pp_tok_s", "tg_tok_s"):
+            if isinstance(best.get(k), (int, float)):
+                ours[f"{k}@d{d}"] = best[k]
     if not quick:
         # cold start with an empty kernel cache: every kernel compiles
         cold_env = dict(env, NUMBA_CACHE_DIR=tempfile.mkdtemp(prefix="numba-cold-"))
@@ -176,7 +209,56 @@ def measure(model: Path, threads: int, p: int, n: int, env: dict, with_llama: bo
             if isinstance(ours.get(k), (int, float)) and isinstance(theirs.get(k), (int, float)):
                 ratios[k] = round(ours[k] / theirs[k], 3)
         row["ratios"] = ratios
+    if built:
+        row["peers"] = {k: peer_summary(runs) for k, runs in peer_runs.items()}
+        row["rounds"]["peers"] = peer_runs
+        row["ratios_vs_peers"] = {k: peer_ratios(ours, v["figures"], p, n, depths) for k, v in row["peers"].items()}
+    if depths:
+        row["rounds"]["ours_depth"] = {str(d): runs for d, runs in depth_runs.items()}
     return row
+
+
+def peer_summary(runs: list[dict]) -> dict:
+    """One peer over the rounds: what ran (engine, package, variant, options) and the best of each
+    llama-bench figure (every figure is a rate)."""
+    ok = [r for r in runs if r.get("figures")]
+    if not ok:
+        return {"error": next((r["error"] for r in runs if "error" in r), "no rounds")}
+    out = {k: ok[0][k] for k in ("engine", "package", "variant", "options") if k in ok[0]}
+    keys = sorted({k for r in ok for k in r["figures"]})
+    out["figures"] = {k: max(r["figures"][k] for r in ok if k in r["figures"]) for k in keys}
+    return out
+
+
+def peer_ratios(ours: dict, figures: dict, p: int, n: int, depths: tuple[int, ...] = ()) -> dict:
+    """Ours ÷ a peer for each figure both have: pp{p}, tg{n} and both at each depth (higher is
+    better on both sides: these are rates)."""
+    pairs = {f"pp{p}": "pp_tok_s", f"tg{n}": "tg_tok_s"}
+    for d in depths:
+        pairs[f"pp{p}@d{d}"] = f"pp_tok_s@d{d}"
+        pairs[f"tg{n}@d{d}"] = f"tg_tok_s@d{d}"
+    out = {}
+    for theirs, mine in pairs.items():
+        a, b = ours.get(mine), figures.get(theirs)
+        if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b > 0:
+            out[theirs] = round(a / b, 3)
+    return out
+
+
+def bandwidth_figures(model: Path, ours: dict, peers: dict, n: int, bandwidth: float) -> dict:
+    """Decode as a share of the host's read bandwidth: bytes read per token x tok/s ÷ bandwidth,
+    ours and each peer's tg on the same file (bench/bandwidth.py)."""
+    from bench.bandwidth import decode_bytes_per_token, fraction
+
+    bpt = decode_bytes_per_token(model)
+    out: dict = {"decode_bytes_per_token": bpt, "read_gb_s": round(bandwidth / 1e9, 2)}
+    if isinstance(ours.get("tg_tok_s"), (int, float)):
+        out["ours"] = fraction(bpt, ours["tg_tok_s"], bandwidth)
+    for key, peer in peers.items():
+        tg = peer.get("figures", {}).get(f"tg{n}")
+        if isinstance(tg, (int, float)):
+            out[key] = fraction(bpt, tg, bandwidth)
+    return out
 
 
 
@@ -233,6 +315,7 @@ class Plan:
     agent_rounds: int
     constrained_rounds: int = 0
     quick: bool = False                 # measure(quick=True)
+    depths: tuple[int, ...] = ()        # context depths for the pp/tg rows (engine bench --depth)
 
 
 def plan(a: argparse.Namespace) -> Plan:
@@ -249,8 +332,9 @@ def plan(a: argparse.Namespace) -> Plan:
             runs = tuple(r for r in LARGE_RUNS if r in want)
         return Plan(runs, modes, "", 0, 0, quick=True)
     modes = tuple((a.modes or "native,avx2,native-pinned").split(","))
+    depths = tuple(int(d) for d in str(getattr(a, "depths", "") or "").split(",") if d.strip())
     return Plan(tuple((a.preset, w) for w in a.weights.split(",")), modes, "2048", a.agent_rounds,
-                a.constrained_rounds)
+                a.constrained_rounds, depths=depths)
 
 
 def kv_bytes(model: Path, tokens: int) -> int:
@@ -297,6 +381,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--large", action="store_true",
                     help="4B Q4_K_M, 9B Q3_K_M and 9B IQ4_XS (LARGE_RUNS) instead of --preset/--weights")
     ap.add_argument("--large-only", default="", help="with --large: some of LARGE_RUNS, e.g. 4b:Q4_K_M,9b:IQ4_XS")
+    ap.add_argument("--depths", default="4096",
+                    help="context depths for pp/tg rows, ours and both peers (comma-separated; '' none; "
+                         "add 32768 for an agent's long session)")
     return ap.parse_args(argv)
 
 
@@ -312,9 +399,13 @@ def main() -> int:
             with_llama = True
         except ImportError:
             print("llama_cpp is not installed: printing our figures alone (python -m bench.build_llama)", file=sys.stderr)
+    from bench.bandwidth import read_bandwidth
+
+    bandwidth = read_bandwidth(a.threads)
     receipt = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "cpu": _cpu(),
                "cpu_flags": _cpu_flags(), "machine": platform.machine(), "threads": a.threads, "rounds": a.rounds,
-               "runs": [], "large": a.large}
+               "read_bandwidth_gb_s": round(bandwidth / 1e9, 2), "depths": list(pl.depths), "runs": [],
+               "large": a.large}
     for preset, weights in pl.runs:
         model = ROOT / "models" / f"{preset}-{weights}.gguf"
         if not model.exists():
@@ -328,8 +419,10 @@ def main() -> int:
             run["preset"] = preset
             run["model_bytes"] = model.stat().st_size
             run["load_average_before"] = os.getloadavg()
-            run.update(measure(model, a.threads, a.p, a.n, env, with_llama, a.rounds, pl.extra_pp, pl.quick))
+            run.update(measure(model, a.threads, a.p, a.n, env, with_llama, a.rounds, pl.extra_pp, pl.quick,
+                               variant, pl.depths))
             run["load_average_after"] = os.getloadavg()
+            run["bandwidth"] = bandwidth_figures(model, run["ours"], run.get("peers", {}), a.n, bandwidth)
             if a.large:
                 run["rss_goal"] = rss_goal(run, model, a.p)
             receipt["runs"].append(run)
@@ -383,6 +476,17 @@ def _print(run: dict) -> None:
     for side in ("ours", "llama_cpp"):
         if "error" in run.get(side, {}):
             print(f"{side} failed: {run[side]['error']}")
+    for key, peer in run.get("peers", {}).items():
+        if "error" in peer:
+            print(f"{key} failed: {peer['error']}")
+            continue
+        ratios = run.get("ratios_vs_peers", {}).get(key, {})
+        print(f"{peer['engine']} ({peer['package']}, {peer['variant']}, {' '.join(peer['options'])}) llama-bench:")
+        for k, v in peer["figures"].items():
+            print(f"  {k:30s} {v:>12.2f}   ours/theirs {ratios.get(k, '')}")
+    bw = run.get("bandwidth", {})
+    print(f"decode reads {bw.get('decode_bytes_per_token')} bytes/token; share of {bw.get('read_gb_s')} GB/s read "
+          f"bandwidth: " + ", ".join(f"{k} {v}" for k, v in bw.items() if k not in ("decode_bytes_per_token", "read_gb_s")))
 
 
 def _print_agent(summary: dict) -> None:

@@ -97,3 +97,40 @@ def test_image_mode_compiles_ours_as_the_x86_64_image_does_on_this_cpu(monkeypat
     monkeypatch.setattr(numba_cache, "cpu_flags", lambda: frozenset({"sse2"}))
     with pytest.raises(SystemExit, match="none of the x86_64 image's levels"):
         _mode_env("image", 2)
+
+
+def test_peers_are_best_of_rounds_and_ratios_are_ours_over_theirs():
+    from bench.run import peer_ratios, peer_summary
+
+    runs = [{"engine": "ik_llama.cpp", "package": "ik-llama-cpp-python==0.1.5", "variant": "native",
+             "options": ["-rtr", "1"], "figures": {"pp512": 330.0, "tg128": 50.0, "tg128@d4096": 40.0}},
+            {"engine": "ik_llama.cpp", "package": "ik-llama-cpp-python==0.1.5", "variant": "native",
+             "options": ["-rtr", "1"], "figures": {"pp512": 338.0, "tg128": 48.0}},
+            {"error": "llama-bench failed"}]
+    s = peer_summary(runs)
+    assert s["figures"] == {"pp512": 338.0, "tg128": 50.0, "tg128@d4096": 40.0}
+    assert s["package"] == "ik-llama-cpp-python==0.1.5" and s["options"] == ["-rtr", "1"]
+    assert peer_summary([{"error": "x"}]) == {"error": "x"}
+    ours = {"pp_tok_s": 213.0, "tg_tok_s": 40.0, "tg_tok_s@d4096": 30.0, "pp_tok_s@d4096": 100.0}
+    r = peer_ratios(ours, s["figures"], 512, 128, (4096,))
+    assert r == {"pp512": round(213 / 338, 3), "tg128": 0.8, "tg128@d4096": 0.75}   # no pp512@d4096 of theirs
+
+
+def test_bandwidth_figures_put_each_decode_against_the_read_bandwidth(model_factory):
+    from bench.bandwidth import decode_bytes_per_token
+    from bench.run import bandwidth_figures
+
+    model = model_factory("tiny", "Q8_0", 0)
+    bpt = decode_bytes_per_token(model)
+    out = bandwidth_figures(model, {"tg_tok_s": 100.0}, {"ik": {"figures": {"tg128": 200.0}}, "mainline": {}},
+                            128, bpt * 400.0)
+    assert out["decode_bytes_per_token"] == bpt and out["ours"] == 0.25 and out["ik"] == 0.5
+    assert "mainline" not in out
+
+
+def test_depths_default_to_4096_and_can_be_more_or_none():
+    from bench.run import parse_args, plan
+
+    assert plan(parse_args([])).depths == (4096,)
+    assert plan(parse_args(["--depths", "4096,32768"])).depths == (4096, 32768)
+    assert plan(parse_args(["--depths", ""])).depths == ()
