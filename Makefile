@@ -14,7 +14,7 @@ SAM_VENV  := .venv-sam
 SAM       := $(SAM_VENV)/bin/sam
 SAM_STAMP := $(SAM_VENV)/.installed
 
-.PHONY: lint test-arm64 test-arm64-ci install run generate test test-oracle oracle-fixtures bench bench-arm64 serve layer model clean \
+.PHONY: lint test-arm64 test-arm64-ci test-avx2 install run generate test test-oracle oracle-fixtures bench bench-arm64 serve layer model clean \
         deploy-zip deploy-image image-model sam build-WarmLlmFunction build-DepsLayer
 
 $(STAMP): pyproject.toml
@@ -54,6 +54,20 @@ lint: $(STAMP)
 
 test: $(STAMP) $(SAM_STAMP)
 	$(PY) -m pytest -q
+
+# The kernel and weight-format parity tests once more held to the x86 floor Lambda promises, on
+# any x86_64 host: numba compiled for x86-64-v3 with every feature above it off (the level picker
+# then chooses the avx2 kernels, engine/quant/paths.py), OpenBLAS on its Haswell kernels, in a
+# numba cache of its own. An AVX-512 CI host would otherwise hide what breaks on an AVX2-only one.
+AVX2_TESTS := tests/engine/test_quant_kernels.py tests/engine/test_quant_formats_match_gguf.py \
+              tests/engine/test_quant_lowbit.py tests/engine/test_parity_with_recorded_llama_cpp.py \
+              tests/engine/test_lowbit_parity_with_recorded_llama_cpp.py
+test-avx2: $(STAMP)
+	@if [ "$$(uname -m)" != x86_64 ]; then echo "test-avx2: x86_64 only, skipped"; exit 0; fi; \
+	NUMBA_CPU_NAME=x86-64-v3 \
+	NUMBA_CPU_FEATURES="$$($(PY) -c 'from engine.quant import paths; print(paths.features_flag_string(paths.X86_64_V3))')" \
+	OPENBLAS_CORETYPE=Haswell NUMBA_CACHE_DIR=$(CURDIR)/.numba_cache_x86-64-v3 \
+	$(PY) -m pytest -q -p no:cacheprovider $(AVX2_TESTS)
 
 # llama.cpp compiles from source (~15 min on 2 cores); never part of `make test`.
 test-oracle: $(STAMP)

@@ -19,7 +19,8 @@ from engine.quant.activations import quantize_q8_k_tokens
 from engine.quant.formats import get_format
 
 # byte offsets of each format's f16 scales in a block (set to 0.01 so no product overflows)
-_F16_SCALES = {T.IQ4_XS: (0,), T.Q5_K: (0, 2), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q6_K: (208,)}
+_F16_SCALES = {T.IQ4_XS: (0,), T.Q5_K: (0, 2), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q6_K: (208,), T.IQ3_S: (0,),
+               T.Q2_K: (80, 82)}
 
 
 def run(fmt: str, rows: int, cols: int, tokens: int, rounds: int) -> dict:

@@ -21,9 +21,14 @@ def lowbit_bounds(weights: str) -> tuple[float, int]:
     where llama.cpp's own top two logits are 0.0036 and 0.011 apart, while its cosine to
     llama.cpp is higher than dequantize + BLAS's on 7 of those 11 prompts, lower on one
     (0.999866 vs 0.999879), and >= 0.99982 on all 20 (dequantize + BLAS: 20/20 argmax).
-    IQ3_S may miss 2: on an AVX2-only CPU (AMD EPYC Zen 3, 2026-12-06) its prefill is dequantize
-    + BLAS and misses prompts 12 and 14, where llama.cpp's own top two logits are 0.0129 and
-    0.0040 apart, with cosine >= 0.99963 on all 20 (19/20 where the AVX-512 tiles run)."""
+    IQ3_S may miss 2: on an AVX2-only CPU (AMD EPYC Zen 3, 2026-12-06) its prefills of more than
+    SHORT_PREFILL tokens are dequantize + BLAS and miss prompts 12 (90 tokens) and 14 (150), where
+    llama.cpp's own top two logits are 0.0129 and 0.0040 apart, cosine >= 0.99963 on all 20. The
+    cause is f32 summation order at those near-ties: OpenBLAS's Sandybridge sgemm kernel
+    (OPENBLAS_CORETYPE) gets prompt 12 right, its Haswell and Zen kernels do not; the int8 tile
+    at every length (integer sums, as llama.cpp and as Zen with AVX-512 run it) gets 19/20 but is
+    2.7x slower than dequantize + BLAS at 512 tokens on that CPU (bench.prefill_matrix, 2048x2048:
+    101.9 vs 37.8 ms), so the path stays and the bound takes the near-ties."""
     if weights == "Q2_K":
         return 0.998, 1
     return 0.999, (2 if weights in ("IQ3_XXS", "IQ4_NL", "IQ3_S") else 1)
