@@ -19,6 +19,7 @@ from .errors import bad_request
 from .limits import Limits
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
+DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions (chat: the rest of the context)
 
 
 @dataclass
@@ -40,7 +41,7 @@ MAX_TOP_LOGPROBS = 20
 class GenRequest:
     route: str
     model: str | None = None
-    max_tokens: int | None = None          # None: the route's default (chat: the rest of the context)
+    max_tokens: int | None = None          # None: the rest of the context (chat's default; the deadline stops it)
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop: list[str] = field(default_factory=list)
     stream: bool = False
@@ -480,6 +481,8 @@ def parse_completion(body: dict, lim: Limits | None = None) -> GenRequest:
     else:
         raise bad_request("'prompt' must be a string or an array of token ids", "prompt", "invalid_type")
     limits_mod.check_prompt_chars(len(req.prompt), "prompt", lim)
+    if req.max_tokens is None:
+        req.max_tokens = DEFAULT_COMPLETION_MAX_TOKENS
     # completions: logprobs is how many alternatives per token (0 = only the chosen one's)
     lp = body.get("logprobs")
     if lp is not None and lp is not False:

@@ -37,7 +37,8 @@ from .watchdog import Watchdog
 
 if TYPE_CHECKING:  # loaded in the init thread, never at import (cold start)
     from engine.chat_template import ChatPrompt
-    from engine.generate import Engine
+    from engine.constraints import GrammarSpec
+    from engine.generate import Engine, GenerationResult
 
 STREAMED = object()    # _generate's body when the answer already went out through the stream
 
@@ -47,7 +48,6 @@ ROUTES = {
     "/v1/models": ("GET", "models"),
     "/health": ("GET", "health"),
 }
-DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 
 def _build_grammar_trie(eng: Engine) -> None:
@@ -278,15 +278,14 @@ class Runtime:
                 writer = sse_mod.SSEWriter(stream, headers, keepalive_s=self.settings.stream_keepalive_s)
             try:
                 with self._gen_lock:
-                    status, body, ctype = self._generate(eng, greq, log, dl, writer)
+                    status, body, ctype, gen_headers = self._generate(eng, greq, log, dl, writer)
             finally:
                 if writer is not None:
                     writer.close()
             if body is STREAMED:
                 log.finish(status)      # the request line, once, when the stream has ended
                 return None
-            headers["x-warmllm-prefill-mode"] = str(log.fields["prefill_mode"])
-            return self._finish(log, kind, status, body, headers, content_type=ctype)
+            return self._finish(log, kind, status, body, {**headers, **gen_headers}, content_type=ctype)
         except sse_mod.StreamClosed as gone:   # the client or the Runtime API went away mid-stream
             emit({"event": "stream_closed", "request_id": rid, "error": str(gone)})
             log.finish(200, "stream_closed")
@@ -360,40 +359,56 @@ class Runtime:
     # ------------------------------------------------------------------ generation
 
     def _generate(self, eng: Engine, greq: oa.GenRequest, log: RequestLog, dl: deadline_mod.Deadline,
-                  writer: sse_mod.SSEWriter | None = None):
-        from engine.chat_template import TemplateLimitError
-        from engine.constraints import GrammarError
-        from engine.errors import ContextOverflow
+                  writer: sse_mod.SSEWriter | None = None) -> tuple[int, object, str, dict[str, str]]:
+        """A generation request: the prompt, its constraint, the run, the response. Returns
+        (status, body, content type, headers); the body is STREAMED when it went out live."""
+        prompt, opens_reasoning = self._prompt(eng, greq, log)
+        grammar = self._constraint(eng, greq, log)
+        reply = _Reply(eng, greq, opens_reasoning, writer)
+        result = self._run(eng, greq, prompt, grammar, reply, log, dl)
+        with log.stage("respond_ms"):
+            if result.grammar_error:
+                # the constraint failed mid-decode (an llguidance limit, a token it refused): what was
+                # written is no valid answer, so the client gets an error, never "stop" with a part
+                assert grammar is not None
+                emit({"event": "grammar_error", "request_id": log.fields.get("request_id"),
+                      "field": grammar.field, "error": result.grammar_error})
+                raise bad_request(f"the output constraint '{grammar.field}' failed during generation after "
+                                  f"{result.completion_tokens} tokens: {result.grammar_error}; a simpler schema, "
+                                  "grammar or tool list avoids it", grammar.field, "constraint_failed")
+            status, body, ctype = reply.render(result, log)
+        return status, body, ctype, {"x-warmllm-prefill-mode": result.prefill.mode}
 
-        chat = greq.route == "chat"
-        param = "messages" if chat else "prompt"
-        prompt: ChatPrompt | str | list[int]
-        opens_reasoning = False  # the template began the reply inside <think>
-        if chat:
-            with log.stage("template_ms"):
-                try:
-                    # chat_prompt keeps the message boundaries: the prefill checkpoints there, so
-                    # another conversation with the same system + tools resumes from a snapshot
-                    cp = eng.chat_prompt(greq.messages, tools=greq.tools, add_generation_prompt=True,
-                                         **self._template_kwargs(greq))
-                    prompt, opens_reasoning = cp, cp.opens_reasoning
-                except TemplateLimitError as exc:
-                    raise bad_request(f"the chat template could not render these messages within its limits: "
-                                      f"{exc}", "messages", "template_limit_exceeded") from None
-                except ValueError as exc:      # engine.chat_template.TemplateError is a ValueError
-                    raise bad_request(f"the chat template rejected the messages: {exc}", "messages",
-                                      "invalid_messages") from None
-        else:
+    def _prompt(self, eng: Engine, greq: oa.GenRequest, log: RequestLog) -> tuple[ChatPrompt | str | list[int], bool]:
+        """The prompt the engine runs and whether the template began the reply inside <think>."""
+        from engine.chat_template import TemplateLimitError
+
+        if greq.route != "chat":
             assert greq.prompt is not None  # parse_completion requires it
-            prompt = greq.prompt
-            if isinstance(prompt, list):
-                n_vocab = eng.tokenizer.n_vocab
-                if prompt and max(prompt) >= n_vocab:
-                    raise bad_request(f"'prompt' holds token id {max(prompt)}; the vocabulary has {n_vocab}",
-                                      "prompt")
-        # absent max_tokens: chat fills the rest of the context (the engine's None; the deadline
-        # stops long answers), completions take OpenAI's default of 16
-        max_tokens = greq.max_tokens if greq.max_tokens is not None or chat else DEFAULT_COMPLETION_MAX_TOKENS
+            if isinstance(greq.prompt, list) and greq.prompt and max(greq.prompt) >= eng.tokenizer.n_vocab:
+                raise bad_request(f"'prompt' holds token id {max(greq.prompt)}; the vocabulary has "
+                                  f"{eng.tokenizer.n_vocab}", "prompt")
+            return greq.prompt, False
+        with log.stage("template_ms"):
+            try:
+                # chat_prompt keeps the message boundaries: the prefill checkpoints there, so
+                # another conversation with the same system + tools resumes from a snapshot
+                cp = eng.chat_prompt(greq.messages, tools=greq.tools, add_generation_prompt=True,
+                                     **self._template_kwargs(greq))
+            except TemplateLimitError as exc:
+                raise bad_request(f"the chat template could not render these messages within its limits: "
+                                  f"{exc}", "messages", "template_limit_exceeded") from None
+            except ValueError as exc:      # engine.chat_template.TemplateError is a ValueError
+                raise bad_request(f"the chat template rejected the messages: {exc}", "messages",
+                                  "invalid_messages") from None
+        return cp, cp.opens_reasoning
+
+    @staticmethod
+    def _constraint(eng: Engine, greq: oa.GenRequest, log: RequestLog) -> GrammarSpec | None:
+        """The grammar the request asks for (function/structured.py), its logit_bias checked
+        against the vocabulary; a 400 naming the field for one that cannot be enforced."""
+        from engine.constraints import GrammarError
+
         for tid in greq.sampling.logit_bias:
             if tid >= eng.tokenizer.n_vocab:
                 raise bad_request(f"'logit_bias' names token {tid}; the vocabulary has {eng.tokenizer.n_vocab}",
@@ -405,38 +420,27 @@ class Runtime:
                               "unsupported_schema") from None
         if grammar is not None:
             log.set(grammar=grammar.kind)
-        pieces: list[str] = []
-        rid = oa.new_id("chatcmpl" if chat else "cmpl")
-        created = oa.now()
+        return grammar
 
-        def streamer(out: sse_mod.Sink) -> sse_mod.ChatStream | sse_mod.CompletionStream:
-            if chat:
-                return sse_mod.ChatStream(out, rid, created, eng.model_id, opens_think=opens_reasoning,
-                                          tools=greq.tools if greq.parse_tool_calls else None,
-                                          include_usage=greq.include_usage)
-            return sse_mod.CompletionStream(out, rid, created, eng.model_id, include_usage=greq.include_usage)
+    def _run(self, eng: Engine, greq: oa.GenRequest, prompt: ChatPrompt | str | list[int],
+             grammar: GrammarSpec | None, reply: _Reply, log: RequestLog, dl: deadline_mod.Deadline) -> GenerationResult:
+        """Prefill and decode, the text going to `reply` as it decodes; engine refusals become
+        OpenAI errors."""
+        from engine.constraints import GrammarError
+        from engine.errors import ContextOverflow
 
-        live = streamer(writer) if writer is not None else None
-
-        def on_text(piece: str) -> None:
-            if not pieces:
-                log.mark_ttft()
-            pieces.append(piece)
-            if live is not None:
-                live.feed(piece)        # out on the wire now, while the next token decodes
+        param = "messages" if greq.route == "chat" else "prompt"
 
         def admit(tokens: int) -> None:
             # before any prefill work: refuse what the measured rate cannot finish in time
             admission.check(self.prefill_rate, tokens, dl.remaining_s(), param)
-            if writer is not None and live is not None:
-                writer.begin()          # first bytes now; keep-alive comments while the prefill runs
-                live.open()
+            reply.begin()
 
         t = time.perf_counter()
         try:
-            result = eng.generate(prompt, max_tokens=max_tokens, sampling=greq.sampling, stop=list(greq.stop),
-                                  deadline=dl.at, on_text=on_text, admit=admit, grammar=grammar,
-                                  logprobs=greq.top_logprobs if greq.logprobs else None)
+            result = eng.generate(prompt, max_tokens=greq.max_tokens, sampling=greq.sampling, stop=list(greq.stop),
+                                  deadline=dl.at, on_text=lambda piece: reply.feed(piece, log), admit=admit,
+                                  grammar=grammar, logprobs=greq.top_logprobs if greq.logprobs else None)
         except APIError:
             # admission's 413, raised before any prefill: the prompt was tokenized and its prefix
             # looked up, and that time belongs in a stage or the line's stages do not sum to total_ms
@@ -455,48 +459,7 @@ class Runtime:
             raise bad_request(f"the engine rejected the input: {exc}", param, "invalid_input") from None
         log.add_generation(result)
         self.prefill_rate.observe(result.prefill.prefilled_tokens, result.prefill.prefill_ms)
-
-        with log.stage("respond_ms"):
-            use = oa.usage(result.prompt_tokens, result.completion_tokens, result.prefill.reused_tokens)
-            lps = logprob_entries(eng.tokenizer, result.logprobs) if result.logprobs is not None else None
-            if result.grammar_error:
-                # the constraint failed mid-decode (an llguidance limit, a token it refused): what was
-                # written is no valid answer, so the client gets an error, never "stop" with a part
-                assert grammar is not None
-                emit({"event": "grammar_error", "request_id": log.fields.get("request_id"),
-                      "field": grammar.field, "error": result.grammar_error})
-                raise bad_request(f"the output constraint '{grammar.field}' failed during generation after "
-                                  f"{result.completion_tokens} tokens: {result.grammar_error}; a simpler schema, "
-                                  "grammar or tool list avoids it", grammar.field, "constraint_failed")
-            if greq.stream:
-                # one code path: the live stream has sent its pieces already; a buffering
-                # integration gets the same chunks fed from the pieces, in one body
-                out = sse_mod.Collector()
-                s = live if live is not None else streamer(out)
-                if live is None:
-                    for piece in (pieces if "".join(pieces) == result.text else [result.text]):
-                        s.feed(piece)
-                lp = (oa.chat_logprobs(lps) if chat else oa.completion_logprobs(lps)) if lps is not None else None
-                finish = s.finish(result.finish_reason, text=result.text, usage=use, logprobs=lp)
-                log.set(finish_reason=finish)
-                if live is not None:
-                    return 200, STREAMED, sse_mod.SSE_CONTENT_TYPE
-                return 200, out.body(), sse_mod.SSE_CONTENT_TYPE
-            if chat:
-                chat_lp = oa.chat_logprobs(lps) if lps is not None else None
-                # a reply the template began inside <think> is reasoning until it closes it,
-                # also when max_tokens or the deadline cut it first
-                parsed = parse_output(result.text, tools=greq.tools if greq.parse_tool_calls else None,
-                                      prompt_opens_think=opens_reasoning)
-                finish = "tool_calls" if parsed.tool_calls else result.finish_reason
-                log.set(finish_reason=finish)
-                msg = oa.chat_message(parsed.content, parsed.reasoning, parsed.tool_calls)
-                return 200, oa.chat_completion(rid, created, eng.model_id, msg, finish, use, chat_lp), \
-                    "application/json"
-            log.set(finish_reason=result.finish_reason)
-            text_lp = oa.completion_logprobs(lps) if lps is not None else None
-            return 200, oa.text_completion(rid, created, eng.model_id, result.text, result.finish_reason,
-                                           use, text_lp), "application/json"
+        return result
 
     @staticmethod
     def _template_kwargs(greq: oa.GenRequest) -> dict:
@@ -508,6 +471,74 @@ class Runtime:
                 raise bad_request(f"'chat_template_kwargs.{reserved}' cannot be set there; it is a request field",
                                   f"chat_template_kwargs.{reserved}")
         return kw
+
+
+class _Reply:
+    """One generation's response: the text as it decodes (live through an SSE writer, or kept),
+    then the body in the route's shape (chat / completion, streamed or JSON)."""
+
+    def __init__(self, eng: Engine, greq: oa.GenRequest, opens_reasoning: bool,
+                 writer: sse_mod.SSEWriter | None) -> None:
+        self.eng, self.greq, self.opens_reasoning, self.writer = eng, greq, opens_reasoning, writer
+        self.chat = greq.route == "chat"
+        self.rid = oa.new_id("chatcmpl" if self.chat else "cmpl")
+        self.created = oa.now()
+        self.pieces: list[str] = []
+        self.live = self._stream(writer) if writer is not None else None
+
+    def _stream(self, out: sse_mod.Sink) -> sse_mod.ChatStream | sse_mod.CompletionStream:
+        g = self.greq
+        if self.chat:
+            return sse_mod.ChatStream(out, self.rid, self.created, self.eng.model_id, opens_think=self.opens_reasoning,
+                                      tools=g.tools if g.parse_tool_calls else None, include_usage=g.include_usage)
+        return sse_mod.CompletionStream(out, self.rid, self.created, self.eng.model_id, include_usage=g.include_usage)
+
+    def begin(self) -> None:
+        """The prefill is admitted: a live stream sends its first bytes now (keep-alive comments
+        follow while the prefill runs)."""
+        if self.writer is not None and self.live is not None:
+            self.writer.begin()
+            self.live.open()
+
+    def feed(self, piece: str, log: RequestLog) -> None:
+        if not self.pieces:
+            log.mark_ttft()
+        self.pieces.append(piece)
+        if self.live is not None:
+            self.live.feed(piece)        # out on the wire now, while the next token decodes
+
+    def render(self, result: GenerationResult, log: RequestLog) -> tuple[int, object, str]:
+        eng, g = self.eng, self.greq
+        use = oa.usage(result.prompt_tokens, result.completion_tokens, result.prefill.reused_tokens)
+        lps = logprob_entries(eng.tokenizer, result.logprobs) if result.logprobs is not None else None
+        if g.stream:
+            # one code path: the live stream has sent its pieces already; a buffering integration
+            # gets the same chunks fed from the pieces, in one body
+            out = sse_mod.Collector()
+            s = self.live if self.live is not None else self._stream(out)
+            if self.live is None:
+                for piece in (self.pieces if "".join(self.pieces) == result.text else [result.text]):
+                    s.feed(piece)
+            lp = (oa.chat_logprobs(lps) if self.chat else oa.completion_logprobs(lps)) if lps is not None else None
+            log.set(finish_reason=s.finish(result.finish_reason, text=result.text, usage=use, logprobs=lp))
+            if self.live is not None:
+                return 200, STREAMED, sse_mod.SSE_CONTENT_TYPE
+            return 200, out.body(), sse_mod.SSE_CONTENT_TYPE
+        if self.chat:
+            # a reply the template began inside <think> is reasoning until it closes it, also when
+            # max_tokens or the deadline cut it first
+            parsed = parse_output(result.text, tools=g.tools if g.parse_tool_calls else None,
+                                  prompt_opens_think=self.opens_reasoning)
+            finish = "tool_calls" if parsed.tool_calls else result.finish_reason
+            log.set(finish_reason=finish)
+            msg = oa.chat_message(parsed.content, parsed.reasoning, parsed.tool_calls)
+            chat_lp = oa.chat_logprobs(lps) if lps is not None else None
+            return 200, oa.chat_completion(self.rid, self.created, eng.model_id, msg, finish, use, chat_lp), \
+                "application/json"
+        log.set(finish_reason=result.finish_reason)
+        text_lp = oa.completion_logprobs(lps) if lps is not None else None
+        return 200, oa.text_completion(self.rid, self.created, eng.model_id, result.text, result.finish_reason,
+                                       use, text_lp), "application/json"
 
 
 def write_whole(stream: sse_mod.HttpStream, resp) -> None:

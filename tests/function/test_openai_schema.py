@@ -119,6 +119,9 @@ def test_template_kwargs_and_stream_options():
 
 def test_completion_prompts():
     assert oa.parse_completion({"prompt": "x"}).prompt == "x"
+    # the one place each route's max_tokens default lives: completions OpenAI's 16, chat None
+    assert oa.parse_completion({"prompt": "x"}).max_tokens == oa.DEFAULT_COMPLETION_MAX_TOKENS == 16
+    assert oa.parse_completion({"prompt": "x", "max_tokens": 3}).max_tokens == 3
     assert oa.parse_completion({"prompt": ["x"]}).prompt == "x"
     assert oa.parse_completion({"prompt": [1, 2, 3]}).prompt == [1, 2, 3]
     assert oa.parse_completion({"prompt": [[1, 2]]}).prompt == [1, 2]
