@@ -18,6 +18,7 @@ import threading
 import time
 import traceback
 import uuid
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from engine.jsonlog import emit
@@ -89,6 +90,28 @@ def route_of(method: str, path: str) -> tuple[str, str | None]:
     if method != want:
         raise method_not_allowed(method, path, want)
     return name, None
+
+
+@dataclass
+class _Call:
+    """One request on its way through `_handle`: what its route handler needs, and the SSE
+    writer a generation opened (the error paths must know whether bytes went out)."""
+
+    rid: str
+    kind: str
+    log: RequestLog
+    cold: bool
+    stream: sse_mod.HttpStream | None
+    headers: dict[str, str]
+    authorized: bool = False
+    model_arg: str | None = None
+    greq: oa.GenRequest | None = None
+    dl: deadline_mod.Deadline | None = None
+    writer: sse_mod.SSEWriter | None = None
+
+
+# the routes with a JSON body: the openai_schema parser of each (looked up per call)
+_BODY_PARSERS = {"chat": "parse_chat", "completion": "parse_completion"}
 
 
 class Runtime:
@@ -233,64 +256,35 @@ class Runtime:
         log = RequestLog(rid, cold=cold)
         if watchdog is not None:
             watchdog.log = log
-        kind = events.kind_of(event)
-        log.set(kind=kind)
-        headers = {"x-request-id": rid}
-        writer: sse_mod.SSEWriter | None = None
+        call = _Call(rid=rid, kind=events.kind_of(event), log=log, cold=cold, stream=stream,
+                     headers={"x-request-id": rid})
+        log.set(kind=call.kind)
         try:
             with log.stage("parse_ms"):
                 req = events.normalise(event)
                 log.set(method=req.method, path=req.path)
-                authorized = self._authorized(req)
+                call.authorized = self._authorized(req)
                 # with a key set, an unauthenticated caller learns nothing, not even which routes
                 # exist: 401 before 404/405 (only /health answers, in its short form)
-                if not authorized and req.path != "/health":
+                if not call.authorized and req.path != "/health":
                     raise unauthorized()
-                route, model_arg = route_of(req.method, req.path)
+                route, call.model_arg = route_of(req.method, req.path)
                 log.set(route=route)
-                greq = None
-                if route == "chat":
-                    greq = oa.parse_chat(req.json_body(self.settings.limits), self.settings.limits)
-                elif route == "completion":
-                    greq = oa.parse_completion(req.json_body(self.settings.limits), self.settings.limits)
-                if greq is not None:
-                    log.set(stream=greq.stream, max_tokens=greq.max_tokens)
+                if route in _BODY_PARSERS:
+                    parse = getattr(oa, _BODY_PARSERS[route])
+                    call.greq = parse(req.json_body(self.settings.limits), self.settings.limits)
+                    log.set(stream=call.greq.stream, max_tokens=call.greq.max_tokens)
             # a streaming integration has no 29-30 s cut: its own (longer) deadline applies
             api_s = self.settings.stream_deadline_s if stream is not None else self.settings.api_deadline_s
-            dl = deadline_mod.compute(context, req.received_epoch_ms, t_mono, api_deadline_s=api_s,
-                                      margin_s=self.settings.deadline_margin_s)
-            if route == "health":
-                status, body = self._health(dl, log, cold, detailed=authorized)
-                return self._finish(log, kind, status, body, headers)
-            with log.stage("load_ms"):
-                eng = self.wait_for_engine(dl.at)
-            log.set(model=eng.model_id)
-            if route == "models":
-                return self._finish(log, kind, 200, oa.model_list(eng.model_id, int(self.started_wall)), headers)
-            if route == "model":
-                if model_arg != eng.model_id:
-                    raise APIError(404, f"model {model_arg!r} does not exist; this function serves "
-                                        f"{eng.model_id!r}", "invalid_request_error", "model", "model_not_found")
-                return self._finish(log, kind, 200, oa.model_list(eng.model_id, int(self.started_wall))["data"][0],
-                                    headers)
-            assert greq is not None  # the generation routes parsed their body above
-            if stream is not None and greq.stream:
-                writer = sse_mod.SSEWriter(stream, headers, keepalive_s=self.settings.stream_keepalive_s)
-            try:
-                with self._gen_lock:
-                    status, body, ctype, gen_headers = self._generate(eng, greq, log, dl, writer)
-            finally:
-                if writer is not None:
-                    writer.close()
-            if body is STREAMED:
-                log.finish(status)      # the request line, once, when the stream has ended
-                return None
-            return self._finish(log, kind, status, body, {**headers, **gen_headers}, content_type=ctype)
+            call.dl = deadline_mod.compute(context, req.received_epoch_ms, t_mono, api_deadline_s=api_s,
+                                           margin_s=self.settings.deadline_margin_s)
+            return _ROUTE_HANDLERS[route](self, call)
         except sse_mod.StreamClosed as gone:   # the client or the Runtime API went away mid-stream
             emit({"event": "stream_closed", "request_id": rid, "error": str(gone)})
             log.finish(200, "stream_closed")
             return None
         except APIError as err:
+            writer = call.writer
             if writer is not None and writer.started:   # the status went out already: say it in the stream
                 try:
                     writer.send(err.body())
@@ -299,11 +293,12 @@ class Runtime:
                     pass
                 log.finish(200, err.code)
                 return None
-            return self._finish(log, kind, err.status, err.body(), headers, error_code=err.code)
+            return self._finish(log, call.kind, err.status, err.body(), call.headers, error_code=err.code)
         except Exception as exc:        # a bug in warmllm: never user input
             emit({"event": "error", "request_id": rid, "error": f"{type(exc).__name__}: {exc}",
                   "traceback": traceback.format_exc(limit=12)})
             bug = internal(rid, exc)
+            writer = call.writer
             if writer is not None and writer.started and stream is not None:
                 try:
                     writer.send(bug.body())
@@ -312,7 +307,50 @@ class Runtime:
                     pass
                 log.finish(200, bug.code)
                 return None
-            return self._finish(log, kind, bug.status, bug.body(), headers, error_code=bug.code)
+            return self._finish(log, call.kind, bug.status, bug.body(), call.headers, error_code=bug.code)
+
+    # ------------------------------------------------------------------ one handler per route
+
+    def _on_health(self, call: _Call):
+        status, body = self._health(call.dl, call.log, call.cold, detailed=call.authorized)
+        return self._finish(call.log, call.kind, status, body, call.headers)
+
+    def _engine_for(self, call: _Call) -> Engine:
+        assert call.dl is not None      # set before any route handler runs
+        with call.log.stage("load_ms"):
+            eng = self.wait_for_engine(call.dl.at)
+        call.log.set(model=eng.model_id)
+        return eng
+
+    def _on_models(self, call: _Call):
+        eng = self._engine_for(call)
+        return self._finish(call.log, call.kind, 200, oa.model_list(eng.model_id, int(self.started_wall)), call.headers)
+
+    def _on_model(self, call: _Call):
+        eng = self._engine_for(call)
+        if call.model_arg != eng.model_id:
+            raise APIError(404, f"model {call.model_arg!r} does not exist; this function serves "
+                                f"{eng.model_id!r}", "invalid_request_error", "model", "model_not_found")
+        return self._finish(call.log, call.kind, 200, oa.model_list(eng.model_id, int(self.started_wall))["data"][0],
+                            call.headers)
+
+    def _on_generation(self, call: _Call):
+        """/v1/chat/completions and /v1/completions."""
+        eng = self._engine_for(call)
+        greq = call.greq
+        assert greq is not None and call.dl is not None  # the generation routes parsed their body
+        if call.stream is not None and greq.stream:
+            call.writer = sse_mod.SSEWriter(call.stream, call.headers, keepalive_s=self.settings.stream_keepalive_s)
+        try:
+            with self._gen_lock:
+                status, body, ctype, gen_headers = self._generate(eng, greq, call.log, call.dl, call.writer)
+        finally:
+            if call.writer is not None:
+                call.writer.close()
+        if body is STREAMED:
+            call.log.finish(status)      # the request line, once, when the stream has ended
+            return None
+        return self._finish(call.log, call.kind, status, body, {**call.headers, **gen_headers}, content_type=ctype)
 
     def _finish(self, log: RequestLog, kind: str, status: int, body, headers, *, content_type="application/json",
                 error_code=None):
@@ -472,6 +510,11 @@ class Runtime:
                                   f"chat_template_kwargs.{reserved}")
         return kw
 
+
+
+# route -> its handler (route_of names the route)
+_ROUTE_HANDLERS = {"health": Runtime._on_health, "models": Runtime._on_models, "model": Runtime._on_model,
+                   "chat": Runtime._on_generation, "completion": Runtime._on_generation}
 
 class _Reply:
     """One generation's response: the text as it decodes (live through an SSE writer, or kept),
