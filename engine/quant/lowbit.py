@@ -1,7 +1,7 @@
 """The formats of the smaller GGUFs people download: Q2_K, Q3_K, IQ4_NL, IQ4_XS, IQ3_S, IQ3_XXS.
 
-Registered into :mod:`engine.quant.formats` by subclassing :class:`QuantFormat` (formats.py
-imports this module at its end). Decoding does its float32 arithmetic in the order of
+Registered by subclassing :class:`QuantFormat` (engine/quant/block_base.py); formats.py imports
+this module, so importing formats registers every format. Decoding does its float32 arithmetic in the order of
 ``ggml-quants.c`` (``dequantize_row_*``), which ``gguf.quants`` follows, so the output is
 bit-identical to that oracle. The IQ grids and the IQ4 non-linear levels are read from the
 ``gguf`` package (``gguf.quants.IQ3_S.grid`` etc.), never retyped.
@@ -19,7 +19,12 @@ import numpy as np
 from gguf import GGMLQuantizationType
 from gguf import quants as _gq
 
-from .formats import QK_K, QuantFormat, _abs_max_signed, _f16, _fit_scale_min, _safe_inv, _to_f16_bytes
+from .block_base import QK_K, QuantFormat
+from .block_base import abs_max_signed as _abs_max_signed
+from .block_base import f16_column as _f16
+from .block_base import fit_scale_min as _fit_scale_min
+from .block_base import safe_inv as _safe_inv
+from .block_base import to_f16_bytes as _to_f16_bytes
 
 _F32 = np.float32
 

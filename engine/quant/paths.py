@@ -200,9 +200,9 @@ def prefill_path(qtype, tokens: int = 512) -> str:
 
 def kernel_paths(qtypes=None) -> dict[str, dict[str, str]]:
     """Per format: the decode kernel and the 512-token prefill kernel chosen on this CPU."""
-    from engine.quant.formats import _REGISTRY
+    from engine.quant.formats import supported_types
 
-    qts = qtypes if qtypes is not None else list(_REGISTRY)
+    qts = qtypes if qtypes is not None else supported_types()
     out = {}
     for qt in sorted({T(q) for q in qts}, key=lambda q: q.name):
         out[qt.name] = {"decode": decode_path(qt), "prefill": prefill_path(qt)}
