@@ -240,7 +240,7 @@ def _block(unpack, values_per_block: int = 256):
 def _arm_only(name: str) -> None:
     from engine.quant import paths
 
-    if paths.target().level not in paths.ARM_LEVELS:
+    if not paths.target().level.is_arm:
         raise TypeError(f"the {name} integer rows are arm64 `sdot` code (neon-dotprod, neon-i8mm); "
                         "kernels.has_int8_kernels keeps every other target off them")
 

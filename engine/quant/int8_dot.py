@@ -535,16 +535,16 @@ def _tile_block(kind: str):
     from engine.quant import paths
 
     level = paths.target().level
-    if level in paths.ARM_LEVELS:
+    if level.is_arm:
         from engine.quant import arm_neon
         return arm_neon.tile_block(kind)
     _portable(kind)
-    if level in ("avx512vnni", "avx512bw"):
+    if level.is_avx512:
         from engine.quant import x86_avx512
-        return x86_avx512.tile_block(kind, vnni=level == "avx512vnni"), 16
-    if level in ("avxvnni", "avx2"):
+        return x86_avx512.tile_block(kind, vnni=level.vnni), 16
+    if level.is_x86_int8:                     # AVX2 and AVX-VNNI: 256-bit
         from engine.quant import x86_avx2
-        return x86_avx2.tile_block(kind, vnni=level == "avxvnni"), 8
+        return x86_avx2.tile_block(kind, vnni=level.vnni), 8
     return _k_block_wide(kind), 16
 
 
@@ -559,7 +559,7 @@ def _row_block(kind: str):
     arm64 with dot products has its own (arm_neon.py), every other level this file's IR."""
     from engine.quant import paths
 
-    if paths.target().level in paths.ARM_LEVELS:
+    if paths.target().level.is_arm:
         from engine.quant import arm_neon
         return arm_neon.row_block(kind)
     _portable(kind)
@@ -569,7 +569,7 @@ def _row_block(kind: str):
 def _q8_0_tile_block():
     from engine.quant import paths
 
-    if paths.target().level in paths.ARM_LEVELS:
+    if paths.target().level.is_arm:
         from engine.quant import arm_neon
         return arm_neon.tile_block("q8_0")
     return _q8_0_block, 8

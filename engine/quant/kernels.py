@@ -862,7 +862,7 @@ _MATVEC = {
 from .lowbit_kernels import DEQUANT as _LOWBIT_DEQUANT, MATVEC as _LOWBIT_MATVEC  # noqa: E402
 from .lowbit_kernels import MATVEC_INT8 as _LOWBIT_MATVEC_INT8, MULTI_TOKEN_INT8 as _LOWBIT_MM  # noqa: E402
 from .lowbit_kernels import PANEL as _LOWBIT_PANEL  # noqa: E402
-if paths.target().level in paths.ARM_LEVELS:  # arm64's `sdot` rows and tiles for them instead (arm_lowbit.py)
+if paths.target().level.is_arm:  # arm64's `sdot` rows and tiles for them instead (arm_lowbit.py)
     from .arm_lowbit import MATVEC_INT8 as _LOWBIT_MATVEC_INT8, MULTI_TOKEN_INT8 as _LOWBIT_MM
 
 _DEQUANT.update(_LOWBIT_DEQUANT)
@@ -948,7 +948,7 @@ def has_int8_kernels(qtype) -> bool:
 
 def _q8_0_activations():
     """The Q8_0 kernels' activation dtype: int8 for arm64's `sdot`, int16 for x86 (int8_dot)."""
-    return np.int8 if paths.target().level in paths.ARM_LEVELS else np.int16
+    return np.int8 if paths.target().level.is_arm else np.int16
 
 
 def has_multi_token_kernel(qtype) -> bool:
@@ -972,9 +972,9 @@ def has_multi_token_kernel(qtype) -> bool:
 # is the emulated cost model that compares them.
 def _tiles_win_at_every_length() -> bool:
     t = paths.target()
-    if t.level in paths.ARM_LEVELS:
+    if t.level.is_arm:
         return True
-    return t.level in ("avx512vnni", "avx512bw") and t.cpu_name.startswith("znver")
+    return t.level.is_avx512 and t.cpu_name.startswith("znver")
 
 
 # Up to this many tokens, Q8_0 products (and Q4_K/Q6_K where the tiles do not win at every
@@ -1005,7 +1005,7 @@ def has_int8_prefill(qtype) -> bool:
     qt = get_format(qtype).qtype
     if qt in _LOWBIT_PANEL:
         return True
-    formats = _MULTI_TOKEN if paths.target().level in paths.ARM_LEVELS else (T.Q4_K, T.Q6_K, *_LOWBIT_TILES)
+    formats = _MULTI_TOKEN if paths.target().level.is_arm else (T.Q4_K, T.Q6_K, *_LOWBIT_TILES)
     return qt in formats and has_multi_token_kernel(qtype) and _tiles_win_at_every_length()
 
 
@@ -1072,7 +1072,7 @@ class MatvecPlan:
         if self.qtype == T.IQ4_NL:
             _LOWBIT_MM[T.IQ4_NL](self.w, xq16, xd, out)
         else:
-            (_mm_q8_0_smmla if paths.tile_level(T.Q8_0) == "neon-i8mm" else _mm_q8_0_q8)(self.w, xq16, xd, out)
+            (_mm_q8_0_smmla if paths.tile_level(T.Q8_0) == paths.Level.NEON_I8MM else _mm_q8_0_q8)(self.w, xq16, xd, out)
         return out[:t]
 
     def tokens_q8k(self, a: Q8KTokens) -> np.ndarray:
@@ -1099,7 +1099,7 @@ class MatvecPlan:
             mins = np.empty((self.rows, self.cols // 32), np.float32)
             _q4_k_mins(self.w, self.cols // 256, mins, 176 if self.qtype == T.Q5_K else 144)
             np.matmul(a.scaled_sums32, mins.T, out=out)
-        if paths.tile_level(self.qtype) == "neon-i8mm":
+        if paths.tile_level(self.qtype) == paths.Level.NEON_I8MM:
             kind = {T.Q4_K: 0, T.Q6_K: 1, T.Q5_K: 2}[self.qtype]
             _mm_k_smmla(self.w, a.q, a.d, a.sums16, out, KNOBS, kind)
         elif self.qtype == T.Q5_K:
@@ -1114,7 +1114,7 @@ class MatvecPlan:
             mins = np.empty((self.rows, self.cols // 32), np.float32)
             _q4_k_mins_x4(self.w, self.cols // 256, mins)
             np.matmul(a.scaled_sums32, mins.T, out=out)
-        tile = _mm_k_x4_smmla if paths.tile_level(self.qtype) == "neon-i8mm" else _mm_k_x4
+        tile = _mm_k_x4_smmla if paths.tile_level(self.qtype) == paths.Level.NEON_I8MM else _mm_k_x4
         tile(self.w, a.q, a.d, out.reshape(-1), self.rows, q6)
         return out[:a.tokens]
 

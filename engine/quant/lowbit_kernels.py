@@ -530,7 +530,7 @@ def _mm_iq4_nl_q8(w, xq, xd, out):
 MULTI_TOKEN_INT8 = {T.Q2_K: _mm_q2_k_q8, T.Q3_K: _mm_q3_k_q8, T.IQ4_XS: _mm_iq4_xs_q8, T.IQ3_S: _mm_iq3_s_q8,
                     T.IQ4_NL: _mm_iq4_nl_q8}
 # Q5_K: arm64 has its own rows and tiles (arm_neon.py, in kernels.py); these on x86 only
-if paths.target().level in paths.X86_INT8_LEVELS:
+if paths.target().level.is_x86_int8:
     MATVEC_INT8[T.Q5_K] = _mv_q5_k_q8
     MULTI_TOKEN_INT8[T.Q5_K] = _mm_q5_k_q8
 # The panel tiles (AVX-512 VNNI), which take the activations in the P16 order (Q8KTokens.p16;
@@ -538,7 +538,7 @@ if paths.target().level in paths.X86_INT8_LEVELS:
 # on every AVX-512 VNNI core, and Q4_K's and Q6_K's where x86_avx512.py's tiles do not win at
 # every prompt length (Intel).
 PANEL: dict = {}
-if paths.target().level == "avx512vnni":
+if paths.target().level == paths.Level.AVX512VNNI:
     PANEL = {T.IQ4_XS: _mm_iq4_xs_panel, T.Q3_K: _mm_q3_k_panel, T.Q5_K: _mm_q5_k_panel}
     MULTI_TOKEN_INT8.update(PANEL)
     if not paths.target().cpu_name.startswith("znver"):  # kernels._tiles_win_at_every_length

@@ -34,13 +34,51 @@ from __future__ import annotations
 
 import platform
 from dataclasses import dataclass
+from enum import StrEnum
 from functools import cache
 
 from gguf import GGMLQuantizationType as T
 
 X86 = {"x86_64", "AMD64"}
 ARM = {"aarch64", "arm64"}
-ARM_LEVELS = ("neon-i8mm", "neon-dotprod")
+
+
+class Level(StrEnum):
+    """An instruction-set level (the table above), chosen once per process by `Target.level`.
+    A str: logs, receipts and the cache's cpu.json carry its name."""
+
+    AVX512VNNI = "avx512vnni"
+    AVX512BW = "avx512bw"
+    AVXVNNI = "avxvnni"
+    AVX2 = "avx2"
+    NEON_I8MM = "neon-i8mm"
+    NEON_DOTPROD = "neon-dotprod"
+    PORTABLE = "portable"
+
+    @property
+    def is_arm(self) -> bool:
+        """arm64 with dot products: arm_neon.py's and arm_lowbit.py's kernels."""
+        return self in (Level.NEON_I8MM, Level.NEON_DOTPROD)
+
+    @property
+    def is_x86_int8(self) -> bool:
+        """An x86 level with integer kernels (x86_avx2.py / x86_avx512.py, x86_lowbit.py)."""
+        return self in (Level.AVX512VNNI, Level.AVX512BW, Level.AVXVNNI, Level.AVX2)
+
+    @property
+    def is_avx512(self) -> bool:
+        return self in (Level.AVX512VNNI, Level.AVX512BW)
+
+    @property
+    def vnni(self) -> bool:
+        """`vpdpbusd` (VEX or EVEX) instead of `vpmaddubsw` + `vpmaddwd`."""
+        return self in (Level.AVX512VNNI, Level.AVXVNNI)
+
+    @property
+    def vector_bytes(self) -> int:
+        """The integer tiles' vector width: 64 on the AVX-512 levels, else 32."""
+        return 64 if self.is_avx512 else 32
+
 
 # NUMBA_CPU_FEATURES="" (how tests/arm64 and function/numba_cache.py pin a Graviton target) means
 # "the named CPU's own features" to LLVM, so the features are read from the name: LLVM's
@@ -69,7 +107,6 @@ INT8_FORMATS = (T.Q4_K, T.Q6_K, T.Q8_0)        # row kernels (decode) and tiles 
 # x86_lowbit.py's rows and short-prefill tiles (every x86 level): long prefills dequantize + BLAS
 # (but X86_LOWBIT_VNNI512's on avx512vnni)
 X86_LOWBIT_INT8 = (T.Q2_K, T.Q3_K, T.IQ4_XS, T.IQ4_NL, T.IQ3_S, T.Q5_K)
-X86_INT8_LEVELS = ("avx512vnni", "avx512bw", "avxvnni", "avx2")
 # of those, the formats with panel tiles (512-bit `vpdpbusd`, every prompt length) on avx512vnni
 # (x86_lowbit.py, after the AVX2 code; lowbit_kernels.PANEL)
 X86_LOWBIT_VNNI512 = (T.IQ4_XS, T.Q3_K, T.Q5_K)
@@ -88,25 +125,26 @@ class Target:
         return all(n in self.features for n in names)
 
     @property
-    def level(self) -> str:
+    def level(self) -> Level:
+        """The one place the level is chosen, from the features numba compiles for."""
         if self.machine in ARM:
             if self.has("dotprod", "i8mm"):
-                return "neon-i8mm"
-            return "neon-dotprod" if self.has("dotprod") else "portable"
+                return Level.NEON_I8MM
+            return Level.NEON_DOTPROD if self.has("dotprod") else Level.PORTABLE
         if self.machine not in X86 or not self.has("avx2", "fma", "f16c"):
-            return "portable"
+            return Level.PORTABLE
         if self.has("avx512bw", "avx512vl", "avx512vnni"):
-            return "avx512vnni"
+            return Level.AVX512VNNI
         if self.has("avx512bw", "avx512vl"):
-            return "avx512bw"
+            return Level.AVX512BW
         if self.has("avxvnni"):
-            return "avxvnni"
-        return "avx2"
+            return Level.AVXVNNI
+        return Level.AVX2
 
     @property
     def vector_bytes(self) -> int:
         """The integer tiles' vector width: 64 on the AVX-512 levels, else 32."""
-        return 64 if self.level.startswith("avx512") else 32
+        return self.level.vector_bytes
 
 
 def features_flag_string(enabled: tuple[str, ...]) -> str:
@@ -146,15 +184,15 @@ def has_int8(qtype) -> bool:
     """Whether `qtype`'s products run in integer arithmetic here: decode rows, and the tiles of
     the formats that have them (X86_LOWBIT_INT8: decode rows only)."""
     level = target().level
-    formats = ARM_INT8_FORMATS + ARM_LOWBIT_INT8 if level in ARM_LEVELS else INT8_FORMATS + X86_LOWBIT_INT8
-    return T(qtype) in formats and level != "portable"
+    formats = ARM_INT8_FORMATS + ARM_LOWBIT_INT8 if level.is_arm else INT8_FORMATS + X86_LOWBIT_INT8
+    return T(qtype) in formats and level != Level.PORTABLE
 
 
 def x4_layout(qtype) -> bool:
     """Whether `qtype`'s integer kernels here take its weights repacked 4 rows interleaved
     (arm_neon.repack_x4, once per matrix when MatvecPlan is built): arm_neon.X4_FORMATS on the
     arm64 int8 levels. The kernel names say so with an `x4` suffix."""
-    if target().level not in ARM_LEVELS or not has_int8(qtype):
+    if not target().level.is_arm or not has_int8(qtype):
         return False
     from engine.quant import arm_neon
 
@@ -165,25 +203,25 @@ def decode_path(qtype) -> str:
     if not has_int8(qtype):
         return "float"
     # arm64's decode rows are `sdot` on every level that has them (smmla needs two tokens)
-    if target().level in ARM_LEVELS:
+    if target().level.is_arm:
         return "neon-dotprod-int8" + ("x4" if x4_layout(qtype) else "")
     # x86_lowbit.py's rows are AVX2 instructions on every x86 level (256-bit: decode is bound by
     # the weight stream, not the multiplies)
     return "avx2-int8" if T(qtype) in X86_LOWBIT_INT8 else f"{target().level}-int8"
 
 
-def tile_level(qtype) -> str:
+def tile_level(qtype) -> Level:
     """The level whose instructions `qtype`'s multi-token tile runs: arm64's i8mm targets run
     `smmla` tiles for arm_neon.SMMLA_FORMATS, `sdot` ones for any other format."""
     level = target().level
-    if level == "neon-i8mm":
+    if level == Level.NEON_I8MM:
         from engine.quant import arm_neon
 
-        return level if T(qtype) in arm_neon.SMMLA_FORMATS else "neon-dotprod"
-    if level == "avx512vnni" and T(qtype) in X86_LOWBIT_VNNI512:
+        return level if T(qtype) in arm_neon.SMMLA_FORMATS else Level.NEON_DOTPROD
+    if level == Level.AVX512VNNI and T(qtype) in X86_LOWBIT_VNNI512:
         return level
-    if level in X86_INT8_LEVELS and T(qtype) in X86_LOWBIT_INT8:
-        return "avx2"  # x86_lowbit.py's tiles: AVX2 instructions on every other x86 level
+    if level.is_x86_int8 and T(qtype) in X86_LOWBIT_INT8:
+        return Level.AVX2  # x86_lowbit.py's tiles: AVX2 instructions on every other x86 level
     return level
 
 
@@ -211,4 +249,4 @@ def kernel_paths(qtypes=None) -> dict[str, dict[str, str]]:
 
 def summary() -> dict:
     t = target()
-    return {"machine": t.machine, "cpu_name": t.cpu_name, "level": t.level}
+    return {"machine": t.machine, "cpu_name": t.cpu_name, "level": str(t.level)}

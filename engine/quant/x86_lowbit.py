@@ -319,7 +319,7 @@ def _block(unpack, values_per_block: int = 256):
 def _x86_only(name: str) -> None:
     from engine.quant import paths
 
-    if paths.target().level not in paths.X86_INT8_LEVELS:
+    if not paths.target().level.is_x86_int8:
         raise TypeError(f"the {name} integer rows are x86 intrinsics (AVX2 and up); kernels.has_int8_kernels "
                         "keeps every other target on the float rows")
 
@@ -670,7 +670,7 @@ def panel_tile(typingctx, wq, wo, wstride, ws, wso, wsstride, nb, xq, xo, xstrid
     gives them) over nb blocks, for r < 2, t < 4. AVX-512 VNNI only."""
     from engine.quant import paths
 
-    if paths.target().level != "avx512vnni":
+    if paths.target().level != paths.Level.AVX512VNNI:
         raise TypeError("the panel tiles are AVX-512 VNNI code; lowbit_kernels.PANEL is empty on other targets")
     sig = (wq, wo, wstride, ws, wso, wsstride, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res)
     return types.void(*sig), _panel_codegen

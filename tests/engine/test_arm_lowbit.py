@@ -20,7 +20,7 @@ FORMATS = [T.IQ4_XS, T.Q3_K, T.IQ4_NL, T.Q2_K, T.IQ3_S]
 # the integer sums are exact; only the f32 scaling per block and the accumulation order differ
 # (x86_lowbit's bound: test_quant_lowbit.py)
 BOUND = 2e-6
-on_arm = pytest.mark.skipif(paths.target().level not in paths.ARM_LEVELS,
+on_arm = pytest.mark.skipif(not paths.target().level.is_arm,
                             reason="arm64 with dot products (make test-arm64: neoverse-n1, -v1, -v2)")
 
 

@@ -18,7 +18,7 @@ from engine.quant.activations import round_activations
 from tests.engine.test_quant_kernels import RTOL, _random_blocks
 
 FORMATS = [T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0]
-on_arm = pytest.mark.skipif(paths.target().level not in paths.ARM_LEVELS,
+on_arm = pytest.mark.skipif(not paths.target().level.is_arm,
                             reason="arm64 with dot products (make test-arm64: neoverse-n1, -v1, -v2)")
 
 

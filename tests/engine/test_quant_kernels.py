@@ -75,7 +75,7 @@ def test_int8_kernels_run_where_enabled(qtype):
     from engine.quant import paths
 
     # x86_64, and arm64 with dot products (its own kernels, engine/quant/arm_neon.py)
-    here = platform.machine() in K.INT8_MACHINES or paths.target().level in paths.ARM_LEVELS
+    here = platform.machine() in K.INT8_MACHINES or paths.target().level.is_arm
     assert K.MatvecPlan(qtype, raw, 2, 256).int8 == here
 
 
