@@ -6,9 +6,10 @@ i16 (x86 `pmaddubsw`), i16 x scale pairs summed to i32 (`pmaddwd`), converted an
 the block's float scales into a float accumulator vector carried across the row, with one
 horizontal sum per row. numba cannot say this: it types integer arithmetic as int64, so its
 loops run 4 lanes per AVX2 register. The intrinsics below run a whole row (or a row times TILE
-tokens) as generic IR that LLVM's backends lower to those instructions. No target intrinsic is
-named, but the IR has only been compiled and checked on x86_64 (`INT8_MACHINES` in kernels.py
-keeps arm64 on the float kernels until it is).
+tokens) as generic IR that LLVM's backends lower to those instructions. The row bodies here
+name no target intrinsic; the tiles take their block bodies from the ISA files of the level
+(x86_avx2.py, x86_avx512.py, arm_neon.py: `_tile_block`), and arm64 with dot products runs
+arm_neon.py's rows instead of these.
 
 What keeps LLVM on the fast instructions (measured on znver3, `python -m bench.kernels`, Q4_K
 1024x3584, GB/s of weight bytes, 2 threads: float-path kernel 4.6; per-block integer dot with a

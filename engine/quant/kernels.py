@@ -7,15 +7,19 @@ Two operations per format, one njit kernel each, chosen by a Python-level dispat
   reduction to reassociate, and forbidding FMA contraction keeps the output bit-identical to
   :func:`engine.quant.formats.dequantize` and therefore to ``gguf.quants``).
 * ``matvec(qtype, raw, x, out)`` -- decode: ``out = W @ round_activations(x)`` reading each
-  weight byte once. On x86_64, Q4_K and Q6_K run in integer arithmetic against Q8_K activations
-  (``int8_dot.py``), as llama.cpp does. Everything else is the float path, ``fastmath=True`` so
+  weight byte once. Where paths.has_int8 says so (the x86 levels, arm64 with dot products) the
+  K formats, Q8_0 and the low-bit formats run in integer arithmetic against Q8_K / Q8_0
+  activations, as llama.cpp does. Everything else is the float path, ``fastmath=True`` so
   LLVM vectorises the per-block loop; every 256-value K block
   is one loop with all its sub-block scales inside, i.e. one horizontal reduction per block.
   Constant offsets and Q4_K/Q5_K mins are folded out with per-sub-block sums of ``x`` that are
   computed once per call (``sum_l q*x - 32*sum_l x`` instead of ``sum_l (q-32)*x``).
 
-Everything is portable LLVM (no target intrinsics), so the same code runs on arm64 Graviton and
-x86_64. f16 scales are decoded with LLVM's `fpext half` (engine/llvm_ops.py).
+The float kernels are portable LLVM, the same code on arm64 Graviton and x86_64. The integer
+kernels are per ISA: int8_dot.py's generic IR and x86_avx2.py / x86_avx512.py / x86_lowbit.py on
+the x86 levels, arm_neon.py / arm_lowbit.py (`sdot`, `smmla`) on arm64 with dot products, chosen
+by the level engine/quant/paths.py reads once. f16 scales are decoded with LLVM's `fpext half`
+(engine/llvm_ops.py).
 
 ``bench_matvec(qtype, rows, cols, reps)`` returns weight-bytes GB/s for the benchmark script.
 """
@@ -927,9 +931,9 @@ _MV_K_X4_SERIAL = serial_twin(_mv_k_x4)
 _PORTABLE_INT8 = {T.Q4_K, T.Q6_K, T.Q8_0}  # int8_dot.py's generic IR (Q5_K: arm_neon.py only)
 
 
-# Where the integer kernels run: the x86 levels of engine/quant/paths.py (AVX2 and up). arm64
-# keeps the float kernels until it has its own (issue 14); its tests add their machine here to
-# run the portable IR under emulation.
+# Where int8_dot.py's generic IR runs besides the levels paths.has_int8 names (the x86 levels;
+# arm64 with dot products runs arm_neon.py's own kernels): tests add a machine here to run the
+# portable IR elsewhere (under emulation).
 INT8_MACHINES = {"x86_64", "AMD64"}
 
 
