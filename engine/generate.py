@@ -21,7 +21,6 @@ from engine.errors import ContextOverflow, ModelLoadError, PrefillDeadline
 from engine.gguf_file import GGUFFile
 from engine.history import THINK_CLOSE, FieldEscape, Piece, split_reasoning
 from engine.jsonlog import LogFn, log_event
-from engine.quant import paths
 from engine.models.qwen35 import Qwen35
 from engine.sampling import Sampler, SamplingParams
 from engine.session import PrefillResult, Session
@@ -125,10 +124,12 @@ class Engine:
     @property
     def kernel_paths(self) -> dict[str, dict[str, str]]:
         """Per weight format of this model's matrices: the decode and prefill kernels this CPU
-        runs (engine/quant/paths.py), for the init log line and the bench receipt."""
+        runs (engine/quant/choice.py), for the init log line and the bench receipt."""
         f = self.model.file
         qtypes = {f.tensor(n).qtype for n in f.tensor_names if len(f.tensor(n).shape) == 2}
-        return paths.kernel_paths(qtypes)
+        from engine.quant import choice   # imports the kernels: the model has loaded them
+
+        return choice.kernel_paths(qtypes)
 
     @classmethod
     def load(cls, path: str, threads: int | None = None, n_ctx: int | None = None, warm_up: bool = True, *,

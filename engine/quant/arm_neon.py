@@ -205,7 +205,6 @@ def tile_block(kind: str):
 # tile needs no horizontal sum at all. Inputs are 8-byte halves of two rows (weights) and of two
 # tokens (activations) zipped into one vector (`zip1`/`zip2 .2d`).
 SMMLA = "llvm.aarch64.neon.smmla.v4i32.v16i8"
-SMMLA_FORMATS = (T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0)
 
 
 def smmla(builder, acc, a, b):
@@ -390,7 +389,6 @@ q6_k_row_pair_smmla = _k_pair_intrinsic("q6_k")
 # Rows beyond the last multiple of 4 are zero rows (d = 0) whose results are dropped.
 X4 = 4
 X4_BLOCK = {"q4_k": 592, "q6_k": 840}
-X4_FORMATS = (T.Q4_K, T.Q6_K)
 _X4_KIND = {T.Q4_K: "q4_k", T.Q6_K: "q6_k"}
 
 

@@ -27,8 +27,9 @@ dequantize + BLAS. On arm64 with dot products Q2_K, Q3_K, IQ4_XS, IQ4_NL and IQ3
 for decode and for prefills of every length, V1/V2 included: no `smmla` tile for them yet), as
 Q4_K/Q5_K/Q6_K/Q8_0 have in `arm_neon.py`. IQ3_XXS is float rows / dequantize + BLAS everywhere.
 
-`kernel_paths()` is what the init log line and the bench receipt print:
-`{"Q4_K": {"decode": "avx2-int8", "prefill": "avx512vnni-int8"}, ...}`.
+engine/quant/choice.py's `kernel_paths()` is what the init log line and the bench receipt print:
+`{"Q4_K": {"decode": "avx2-int8", "prefill": "avx512vnni-int8"}, ...}`. This module imports no
+kernel file: the ISA files and the dispatchers read it.
 """
 from __future__ import annotations
 
@@ -113,6 +114,8 @@ X86_LOWBIT_VNNI512 = (T.IQ4_XS, T.Q3_K, T.Q5_K)
 ARM_INT8_FORMATS = (T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0)  # arm_neon.py's rows and tiles
 ARM_LOWBIT_INT8 = (T.Q2_K, T.Q3_K, T.IQ4_XS, T.IQ4_NL, T.IQ3_S)  # arm_lowbit.py's `sdot` rows and tiles
 TILE_FORMATS = (T.Q4_K, T.Q6_K)                 # per-ISA tiles; Q8_0's tile is portable IR
+SMMLA_FORMATS = (T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0)  # arm_neon.py's `smmla` tiles on neon-i8mm
+X4_FORMATS = (T.Q4_K, T.Q6_K)  # arm_neon.py's rows and tiles over 4 rows interleaved (repack_x4)
 
 
 @dataclass(frozen=True)
@@ -190,61 +193,22 @@ def has_int8(qtype) -> bool:
 
 def x4_layout(qtype) -> bool:
     """Whether `qtype`'s integer kernels here take its weights repacked 4 rows interleaved
-    (arm_neon.repack_x4, once per matrix when MatvecPlan is built): arm_neon.X4_FORMATS on the
-    arm64 int8 levels. The kernel names say so with an `x4` suffix."""
-    if not target().level.is_arm or not has_int8(qtype):
-        return False
-    from engine.quant import arm_neon
-
-    return T(qtype) in arm_neon.X4_FORMATS
-
-
-def decode_path(qtype) -> str:
-    if not has_int8(qtype):
-        return "float"
-    # arm64's decode rows are `sdot` on every level that has them (smmla needs two tokens)
-    if target().level.is_arm:
-        return "neon-dotprod-int8" + ("x4" if x4_layout(qtype) else "")
-    # x86_lowbit.py's rows are AVX2 instructions on every x86 level (256-bit: decode is bound by
-    # the weight stream, not the multiplies)
-    return "avx2-int8" if T(qtype) in X86_LOWBIT_INT8 else f"{target().level}-int8"
+    (arm_neon.repack_x4, once per matrix when MatvecPlan is built): X4_FORMATS on the arm64 int8
+    levels. The kernel names say so with an `x4` suffix."""
+    return target().level.is_arm and has_int8(qtype) and T(qtype) in X4_FORMATS
 
 
 def tile_level(qtype) -> Level:
     """The level whose instructions `qtype`'s multi-token tile runs: arm64's i8mm targets run
-    `smmla` tiles for arm_neon.SMMLA_FORMATS, `sdot` ones for any other format."""
+    `smmla` tiles for SMMLA_FORMATS, `sdot` ones for any other format."""
     level = target().level
     if level == Level.NEON_I8MM:
-        from engine.quant import arm_neon
-
-        return level if T(qtype) in arm_neon.SMMLA_FORMATS else Level.NEON_DOTPROD
+        return level if T(qtype) in SMMLA_FORMATS else Level.NEON_DOTPROD
     if level == Level.AVX512VNNI and T(qtype) in X86_LOWBIT_VNNI512:
         return level
     if level.is_x86_int8 and T(qtype) in X86_LOWBIT_INT8:
         return Level.AVX2  # x86_lowbit.py's tiles: AVX2 instructions on every other x86 level
     return level
-
-
-def prefill_path(qtype, tokens: int = 512) -> str:
-    """The kernel a prefill of `tokens` tokens runs for `qtype` (weights.Linear asks the same)."""
-    from engine.quant import kernels
-
-    if T(qtype) == T.F32:
-        return "blas"
-    if kernels.int8_prefill_wins(qtype, tokens):
-        return f"{tile_level(qtype)}-int8" + ("x4" if x4_layout(qtype) else "")
-    return "dequantize+blas"
-
-
-def kernel_paths(qtypes=None) -> dict[str, dict[str, str]]:
-    """Per format: the decode kernel and the 512-token prefill kernel chosen on this CPU."""
-    from engine.quant.formats import supported_types
-
-    qts = qtypes if qtypes is not None else supported_types()
-    out = {}
-    for qt in sorted({T(q) for q in qts}, key=lambda q: q.name):
-        out[qt.name] = {"decode": decode_path(qt), "prefill": prefill_path(qt)}
-    return out
 
 
 def summary() -> dict:

@@ -12,7 +12,7 @@ from gguf import GGMLQuantizationType as T
 from gguf import quants as gq
 
 from engine.quant import kernels as K
-from engine.quant import paths
+from engine.quant import choice, paths
 from engine.quant.activations import round_activations
 from tests.engine.test_quant_lowbit import _random_blocks
 
@@ -39,12 +39,12 @@ def test_arm_lowbit_formats_are_their_own_and_every_low_bit_format():
 
 @on_arm
 def test_paths_name_the_arm_lowbit_kernels():
-    got = paths.kernel_paths(FORMATS)
+    got = choice.kernel_paths(FORMATS)
     for qt in FORMATS:
         # `sdot` tiles on every arm level (no smmla tile for these formats yet)
         assert got[qt.name] == {"decode": "neon-dotprod-int8", "prefill": "neon-dotprod-int8"}, got
         assert K.has_int8_kernels(qt) and K.has_int8_prefill(qt)
-    assert paths.kernel_paths([T.IQ3_XXS])["IQ3_XXS"] == {"decode": "float", "prefill": "dequantize+blas"}
+    assert choice.kernel_paths([T.IQ3_XXS])["IQ3_XXS"] == {"decode": "float", "prefill": "dequantize+blas"}
 
 
 @on_arm

@@ -13,7 +13,7 @@ from gguf import quants as gq
 
 from engine.quant import arm_neon
 from engine.quant import kernels as K
-from engine.quant import paths
+from engine.quant import choice, paths
 from engine.quant.activations import round_activations
 from tests.engine.test_quant_kernels import RTOL, _random_blocks
 
@@ -42,7 +42,7 @@ def test_arm_levels_from_the_cpu_name_and_features():
 
 
 @pytest.mark.parametrize("rows", [1, 4, 7, 24])
-@pytest.mark.parametrize("qtype", arm_neon.X4_FORMATS, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", paths.X4_FORMATS, ids=lambda t: t.name)
 def test_x4_layout_holds_the_rows_weights(qtype, rows):
     # pure numpy, so it runs everywhere: the repacked bytes decode to exactly gguf.quants' weights
     # of the rows (arbitrary bytes; 1 and 7 rows: the zero-padded last group), in as many bytes
@@ -57,12 +57,12 @@ def test_x4_layout_holds_the_rows_weights(qtype, rows):
 
 @on_arm
 def test_paths_name_the_arm_kernels_per_format():
-    got = paths.kernel_paths(FORMATS)
+    got = choice.kernel_paths(FORMATS)
     for qt in FORMATS:
-        x4 = "x4" if qt in arm_neon.X4_FORMATS else ""
+        x4 = "x4" if qt in paths.X4_FORMATS else ""
         assert got[qt.name] == {"decode": "neon-dotprod-int8" + x4, "prefill": f"{paths.tile_level(qt)}-int8{x4}"}, got
         assert K.has_int8_kernels(qt) and K.has_int8_prefill(qt)
-    assert paths.kernel_paths([T.Q4_0])["Q4_0"] == {"decode": "float", "prefill": "dequantize+blas"}
+    assert choice.kernel_paths([T.Q4_0])["Q4_0"] == {"decode": "float", "prefill": "dequantize+blas"}
 
 
 @on_arm
@@ -77,7 +77,7 @@ def test_decode_rows_are_the_exact_product(qtype):
     plan = K.MatvecPlan(qtype, raw, rows, cols)
     assert plan.int8
     # the x4 formats' plan holds the repacked matrix in place of the rows
-    assert plan.x4 == (qtype in arm_neon.X4_FORMATS)
+    assert plan.x4 == (qtype in paths.X4_FORMATS)
     assert plan.w.shape[0] == (6 if plan.x4 else rows)
     out = np.empty(rows, np.float32)
     plan(x, out)

@@ -10,7 +10,7 @@ from gguf import quants as gq
 
 from engine.quant import formats as F
 from engine.quant import kernels as K
-from engine.quant import paths
+from engine.quant import choice, paths
 from engine.quant.activations import activation_format, round_activations
 
 LOWBIT = [T.Q2_K, T.Q3_K, T.IQ4_NL, T.IQ4_XS, T.IQ3_S, T.IQ3_XXS]
@@ -119,7 +119,7 @@ def test_path_chooser_names_the_paths(qtype):
     long = int8 and (vnni512 or K._tiles_win_at_every_length())
     tile = "avx512vnni-int8" if vnni512 else "avx2-int8"
     want = {"decode": "avx2-int8" if int8 else "float", "prefill": tile if long else "dequantize+blas"}
-    assert paths.kernel_paths([qtype]) == {qtype.name: want}
+    assert choice.kernel_paths([qtype]) == {qtype.name: want}
     assert K.has_int8_kernels(qtype) == int8 and K.has_multi_token_kernel(qtype) == int8
     # a chat turn's suffix runs the integer tile (kernels.SHORT_PREFILL) on every x86 level
     assert K.int8_prefill_wins(qtype, 5) == int8 and K.int8_prefill_wins(qtype, K.SHORT_PREFILL + 1) == long

@@ -174,9 +174,9 @@ def test_image_targets_with_empty_features_run_their_levels_int8_kernels(name, l
     from function.numba_cache import X86_LEVELS
 
     assert name in dict(X86_LEVELS) and name in paths.X86_CPU_FEATURES
-    code = ("import json; from engine.quant import paths; from gguf import GGMLQuantizationType as T; "
+    code = ("import json; from engine.quant import choice, paths; from gguf import GGMLQuantizationType as T; "
             "print(json.dumps([paths.target().level, paths.has_int8(T.Q4_K), paths.has_int8(T.IQ4_XS), "
-            "paths.prefill_path(T.IQ4_XS)]))")
+            "choice.prefill_path(T.IQ4_XS)]))")
     env = dict(os.environ, NUMBA_CPU_NAME=name, NUMBA_CPU_FEATURES="")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                        cwd=Path(__file__).resolve().parents[2], timeout=300)
