@@ -45,7 +45,7 @@ from numba.extending import intrinsic
 
 from engine.quant.arm_neon import V4, V16, _c8, _fold, _lane_splat, neon_call, sdot
 from engine.quant.int8_dot import F32, I8, I16, I32, I64, WIDE_TILE, _accumulate, _pair_sums, _prefetch, _row_codegen, _vec
-from engine.quant.kernels import _MV
+from engine.quant.njit_base import MV as _MV
 from engine.quant.lowbit import IQ4_LEVELS
 from engine.quant.lowbit_kernels import _G3S_U32
 from engine.quant.x86_lowbit import _q3_k_scales  # generic IR (no x86 intrinsic): the 12 packed scale bytes

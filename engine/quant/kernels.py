@@ -34,7 +34,7 @@ from gguf import GGMLQuantizationType as T
 from numba import njit, prange
 
 from engine.jit import SERIAL_BELOW, serial_twin
-from engine.llvm_ops import bits_to_f32, half_bits_to_f32
+from engine.llvm_ops import bits_to_f32
 
 from .activations import Q8KTokens, quantize_q8_0, quantize_q8_k, quantize_q8_k_tokens, round_activations
 from . import paths
@@ -42,26 +42,23 @@ from . import arm_neon
 from .arm_neon import q4_k_row_pair_smmla, q5_k_row_pair_smmla, q6_k_row_pair_smmla, q8_0_row_pair_smmla
 from .arm_neon import q4_k_x4_dot, q4_k_x4_smmla, q4_k_x4_tile, q6_k_x4_dot, q6_k_x4_smmla, q6_k_x4_tile
 from .formats import get_format, quantize, row_bytes
+from .njit_base import DQ as _DQ
+from .njit_base import MV as _MV
+from .njit_base import f16_at as _f16_at
+from .njit_base import group_sums as _group_sums
+from .njit_base import half as _half
+from .njit_base import qf as _qf
+from .njit_base import u32_at as _u32_at
 from .int8_dot import (KNOBS, TILE, WIDE_TILE, q4_k_row_dot, q4_k_row_dot_tile, q5_k_row_dot, q5_k_row_dot_tile,
                        q6_k_row_dot, q6_k_row_dot_tile, q8_0_row_dot, q8_0_row_dot_tile)
+from .lowbit_kernels import DEQUANT as _LOWBIT_DEQUANT, MATVEC as _LOWBIT_MATVEC
+from .lowbit_kernels import MATVEC_INT8 as _LOWBIT_MATVEC_INT8, MULTI_TOKEN_INT8 as _LOWBIT_MM
+from .lowbit_kernels import PANEL as _LOWBIT_PANEL
 
 _F32 = np.float32
-_DQ: dict[str, bool] = dict(parallel=True, fastmath=False, cache=True)  # exact decode
-_MV: dict[str, bool] = dict(parallel=True, fastmath=True, cache=True)   # reductions
 
 
 # ----------------------------------------------------------------------------- scalar helpers
-
-@njit(inline="always", cache=True)
-def _half(h):
-    """IEEE half (as an integer 0..65535) -> float32, exact."""
-    return half_bits_to_f32(h)
-
-
-@njit(inline="always", cache=True)
-def _f16_at(w, p):
-    return _half(np.uint16(w[p]) | (np.uint16(w[p + 1]) << np.uint16(8)))
-
 
 @njit(inline="always", cache=True)
 def _scale_min_k4_int(w, p, j):
@@ -79,26 +76,6 @@ def _scale_min_k4_int(w, p, j):
 def _scale_min_k4(w, p, j):
     sc, m = _scale_min_k4_int(w, p, j)
     return _F32(sc), _F32(m)
-
-
-@njit(inline="always", cache=True)
-def _qf(v):
-    """Small non-negative integer -> float32 through int32, so LLVM keeps the lane math 32-bit
-    (numba types integer expressions as int64; a 64-bit sitofp would demand every bit)."""
-    return _F32(np.int32(v))
-
-
-@njit(cache=True)
-def _group_sums(x, group):
-    """Sums of consecutive groups of ``group`` values of x (float32)."""
-    n = x.shape[0] // group
-    s = np.empty(n, dtype=np.float32)
-    for i in range(n):
-        acc = _F32(0.0)
-        for l in range(group):
-            acc += x[i * group + l]
-        s[i] = acc
-    return s
 
 
 # ----------------------------------------------------------------------------- float formats
@@ -230,12 +207,6 @@ def _mv_q4_1(w, x, out, h):
                 s += _qf(q & 15) * x[b * 32 + l] + _qf(q >> 4) * x[b * 32 + 16 + l]
             acc += d * s + m * xs[b]
         out[r] = acc
-
-
-@njit(inline="always", cache=True)
-def _u32_at(w, p):
-    return (np.int64(w[p]) | (np.int64(w[p + 1]) << 8)
-            | (np.int64(w[p + 2]) << 16) | (np.int64(w[p + 3]) << 24))
 
 
 @njit(**_DQ)
@@ -863,10 +834,8 @@ _MATVEC = {
     T.Q4_K: _mv_q4_k, T.Q5_K: _mv_q5_k, T.Q6_K: _mv_q6_kp,
 }
 # The smaller downloads' formats (Q2_K, Q3_K, IQ4_NL, IQ4_XS, IQ3_S, IQ3_XXS): engine/quant/lowbit_kernels.py
-from .lowbit_kernels import DEQUANT as _LOWBIT_DEQUANT, MATVEC as _LOWBIT_MATVEC  # noqa: E402
-from .lowbit_kernels import MATVEC_INT8 as _LOWBIT_MATVEC_INT8, MULTI_TOKEN_INT8 as _LOWBIT_MM  # noqa: E402
-from .lowbit_kernels import PANEL as _LOWBIT_PANEL  # noqa: E402
-if paths.target().level.is_arm:  # arm64's `sdot` rows and tiles for them instead (arm_lowbit.py)
+# (imported at the top), arm64's `sdot` rows and tiles for them instead (arm_lowbit.py)
+if paths.target().level.is_arm:
     from .arm_lowbit import MATVEC_INT8 as _LOWBIT_MATVEC_INT8, MULTI_TOKEN_INT8 as _LOWBIT_MM
 
 _DEQUANT.update(_LOWBIT_DEQUANT)

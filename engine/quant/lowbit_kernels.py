@@ -28,7 +28,12 @@ from gguf import GGMLQuantizationType as T
 from numba import njit, prange
 
 from . import paths
-from .kernels import _DQ, _MV, _f16_at, _group_sums, _qf, _u32_at
+from .njit_base import DQ as _DQ
+from .njit_base import MV as _MV
+from .njit_base import f16_at as _f16_at
+from .njit_base import group_sums as _group_sums
+from .njit_base import qf as _qf
+from .njit_base import u32_at as _u32_at
 from .lowbit import IQ4_LEVELS, iq_grid, ksigns
 from .x86_lowbit import (PANEL_BYTES, PANEL_ROWS, PANEL_SCALES, PANEL_TOKENS, TILE, iq3_s_row_dot, iq3_s_row_dot_tile,
                          iq4_nl_row_dot, iq4_nl_row_dot_tile, iq4_xs_row_dot, iq4_xs_row_dot_tile, iq4_xs_unpack_panel,

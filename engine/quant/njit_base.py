@@ -1,0 +1,53 @@
+"""numba helpers every kernel file shares: the compile options of the exact decoders and of the
+reductions, and the small inlined readers of block fields. A leaf: it imports no kernel file, so
+kernels.py, lowbit_kernels.py and arm_lowbit.py all build on it without importing each other.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from engine.llvm_ops import half_bits_to_f32
+
+__all__ = ["DQ", "MV", "f16_at", "group_sums", "half", "qf", "u32_at"]
+
+_F32 = np.float32
+DQ: dict[str, bool] = dict(parallel=True, fastmath=False, cache=True)  # exact decode
+MV: dict[str, bool] = dict(parallel=True, fastmath=True, cache=True)   # reductions
+
+
+@njit(inline="always", cache=True)
+def half(h):
+    """IEEE half (as an integer 0..65535) -> float32, exact."""
+    return half_bits_to_f32(h)
+
+
+@njit(inline="always", cache=True)
+def f16_at(w, p):
+    return half(np.uint16(w[p]) | (np.uint16(w[p + 1]) << np.uint16(8)))
+
+
+@njit(inline="always", cache=True)
+def qf(v):
+    """Small non-negative integer -> float32 through int32, so LLVM keeps the lane math 32-bit
+    (numba types integer expressions as int64; a 64-bit sitofp would demand every bit)."""
+    return _F32(np.int32(v))
+
+
+@njit(cache=True)
+def group_sums(x, group):
+    """Sums of consecutive groups of ``group`` values of x (float32)."""
+    n = x.shape[0] // group
+    s = np.empty(n, dtype=np.float32)
+    for i in range(n):
+        acc = _F32(0.0)
+        for l in range(group):
+            acc += x[i * group + l]
+        s[i] = acc
+    return s
+
+
+@njit(inline="always", cache=True)
+def u32_at(w, p):
+    return (np.int64(w[p]) | (np.int64(w[p + 1]) << 8)
+            | (np.int64(w[p + 2]) << 16) | (np.int64(w[p + 3]) << 24))
