@@ -1,7 +1,7 @@
 """No import cycles in engine/ or function/ (issue 47): every import counts, at module level or
 inside a function (a lazy import still ties the two files together), except those under
-``if TYPE_CHECKING``. The cycles that exist today are listed below; the list may only shrink:
-a new cycle fails, and so does an entry that no longer matches a cycle exactly (shrink it)."""
+``if TYPE_CHECKING``. ALLOWED lists the cycles tolerated (none now); it may only shrink: a new
+cycle fails, and so does an entry that no longer matches a cycle exactly."""
 from __future__ import annotations
 
 import ast
@@ -10,13 +10,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("engine", "function")
 
-# today's cycles (2026-12-06: formats <-> lowbit is gone, block_base.py; paths and x86_lowbit left the
-# kernel loop, choice.py; kernels <-> lowbit_kernels <-> arm_lowbit, njit_base.py): remove modules
-# from these as they are untangled, never add
-ALLOWED: tuple[frozenset[str], ...] = (
-    # int8_dot's _tile_block / _row_block pick the ISA file's block body; the ISA files use its IR
-    frozenset({"engine.quant.arm_neon", "engine.quant.int8_dot", "engine.quant.x86_avx2", "engine.quant.x86_avx512"}),
-)
+# the cycles allowed: none since 2026-12-06 (formats <-> lowbit: block_base.py; paths out of the
+# kernel loop: choice.py; kernels <-> lowbit_kernels <-> arm_lowbit: njit_base.py; int8_dot <-> the
+# ISA files: they register their block bodies, int8_dot.register_bodies). Keep it empty.
+ALLOWED: tuple[frozenset[str], ...] = ()
 
 
 def _module_name(path: Path) -> str:

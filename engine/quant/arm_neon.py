@@ -39,7 +39,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from engine.quant.int8_dot import (F32, I8, I16, I32, I64, _Row, _accumulate, _array_ptr, _pair_sums, _prefetch,
-                                   _q4_k_scales_mins, _vec, token_sums, token_values)
+                                   _q4_k_scales_mins, _vec, register_bodies, token_sums, token_values)
 
 V16 = _vec(I8, 16)
 V4 = _vec(I32, 4)
@@ -196,6 +196,11 @@ def row_block(kind: str):
 def tile_block(kind: str):
     """The multi-token tile's block body and accumulator width (int8_dot's q*_row_dot_tile)."""
     return (q8_0_block if kind == "q8_0" else k_block(kind, with_mins=False)), 4
+
+
+# int8_dot's row and tile intrinsics take these on both arm64 int8 levels
+register_bodies(("neon-dotprod", "neon-i8mm"), tile=lambda kind, level: tile_block(kind),
+                row=lambda kind, level: row_block(kind))
 
 
 # ----------------------------------------------------------------------------- i8mm (V1/V2)

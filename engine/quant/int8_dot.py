@@ -7,9 +7,10 @@ the block's float scales into a float accumulator vector carried across the row,
 horizontal sum per row. numba cannot say this: it types integer arithmetic as int64, so its
 loops run 4 lanes per AVX2 register. The intrinsics below run a whole row (or a row times TILE
 tokens) as generic IR that LLVM's backends lower to those instructions. The row bodies here
-name no target intrinsic; the tiles take their block bodies from the ISA files of the level
-(x86_avx2.py, x86_avx512.py, arm_neon.py: `_tile_block`), and arm64 with dot products runs
-arm_neon.py's rows instead of these.
+name no target intrinsic; the tiles take their block bodies from the ISA file of the level, which
+registers them here at its import (x86_avx2.py, x86_avx512.py, arm_neon.py: `register_bodies`),
+and arm64 with dot products runs arm_neon.py's rows instead of these. This file imports no ISA
+file.
 
 What keeps LLVM on the fast instructions (measured on znver3, `python -m bench.kernels`, Q4_K
 1024x3584, GB/s of weight bytes, 2 threads: float-path kernel 4.6; per-block integer dot with a
@@ -31,6 +32,9 @@ horizontal reduction per block 14-15; whole rows with the float accumulator 20-2
 * Q8_0 activations come in as int16, so only the weights are widened in the loop.
 """
 from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from llvmlite import ir
 from numba import types
@@ -530,6 +534,30 @@ def _k_block_wide(kind: str):
     return block
 
 
+# The ISA files' block bodies, registered by each at its import (x86_avx2.py, x86_avx512.py,
+# arm_neon.py; kernels.py, the dispatcher above, imports them): this file names no ISA file.
+# A body maker takes (kind, level) and returns (block body, accumulator lanes).
+BodyMaker = Callable[[str, Any], tuple[Callable, int]]
+_TILE_BODIES: dict[str, BodyMaker] = {}
+_ROW_BODIES: dict[str, BodyMaker] = {}
+
+
+def register_bodies(levels: Iterable[str], *, tile: BodyMaker, row: BodyMaker | None = None) -> None:
+    """An ISA file's tile (and, where it has its own, row) block bodies for `levels`."""
+    for level in levels:
+        _TILE_BODIES[str(level)] = tile
+        if row is not None:
+            _ROW_BODIES[str(level)] = row
+
+
+def _registered(table: dict[str, BodyMaker], level) -> BodyMaker:
+    maker = table.get(str(level))
+    if maker is None:
+        raise RuntimeError(f"no block body registered for level {level}: import engine.quant.kernels (it imports "
+                           "the ISA files) before compiling an int8 kernel")
+    return maker
+
+
 def _tile_block(kind: str):
     """The tile's block body for the level numba compiles for (engine/quant/paths.py), and the
     width of its float accumulators."""
@@ -537,15 +565,10 @@ def _tile_block(kind: str):
 
     level = paths.target().level
     if level.is_arm:
-        from engine.quant import arm_neon
-        return arm_neon.tile_block(kind)
+        return _registered(_TILE_BODIES, level)(kind, level)
     _portable(kind)
-    if level.is_avx512:
-        from engine.quant import x86_avx512
-        return x86_avx512.tile_block(kind, vnni=level.vnni), 16
-    if level.is_x86_int8:                     # AVX2 and AVX-VNNI: 256-bit
-        from engine.quant import x86_avx2
-        return x86_avx2.tile_block(kind, vnni=level.vnni), 8
+    if level.is_x86_int8:
+        return _registered(_TILE_BODIES, level)(kind, level)
     return _k_block_wide(kind), 16
 
 
@@ -560,9 +583,9 @@ def _row_block(kind: str):
     arm64 with dot products has its own (arm_neon.py), every other level this file's IR."""
     from engine.quant import paths
 
-    if paths.target().level.is_arm:
-        from engine.quant import arm_neon
-        return arm_neon.row_block(kind)
+    level = paths.target().level
+    if level.is_arm:
+        return _registered(_ROW_BODIES, level)(kind, level)
     _portable(kind)
     return (_q8_0_block if kind == "q8_0" else _k_block(kind)), 8
 
@@ -570,9 +593,9 @@ def _row_block(kind: str):
 def _q8_0_tile_block():
     from engine.quant import paths
 
-    if paths.target().level.is_arm:
-        from engine.quant import arm_neon
-        return arm_neon.tile_block("q8_0")
+    level = paths.target().level
+    if level.is_arm:
+        return _registered(_TILE_BODIES, level)("q8_0", level)
     return _q8_0_block, 8
 
 

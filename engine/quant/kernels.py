@@ -39,6 +39,7 @@ from engine.llvm_ops import bits_to_f32
 from .activations import Q8KTokens, quantize_q8_0, quantize_q8_k, quantize_q8_k_tokens, round_activations
 from . import paths
 from . import arm_neon
+from . import x86_avx2, x86_avx512  # noqa: F401 (they register their block bodies with int8_dot)
 from .arm_neon import q4_k_row_pair_smmla, q5_k_row_pair_smmla, q6_k_row_pair_smmla, q8_0_row_pair_smmla
 from .arm_neon import q4_k_x4_dot, q4_k_x4_smmla, q4_k_x4_tile, q6_k_x4_dot, q6_k_x4_smmla, q6_k_x4_tile
 from .formats import get_format, quantize, row_bytes

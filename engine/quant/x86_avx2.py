@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from engine.quant.int8_dot import (F32, I8, I16, I32, I64, _accumulate, _pair_sums, _vec, k_row_block, token_sums,
-                                   x86_call)
+from engine.quant.int8_dot import (F32, I8, I16, I32, I64, _accumulate, _pair_sums, _vec, k_row_block, register_bodies,
+                                   token_sums, x86_call)
 
 
 def tile_block(kind: str, vnni: bool):
@@ -57,3 +57,7 @@ def tile_block(kind: str, vnni: bool):
             xd = row.load("xd", b.add(row.offset("do", "dstride", t), i), F32)
             _accumulate(b, accs[t], isum, b.fmul(d, xd))
     return block
+
+
+# AVX2 and AVX-VNNI: 256-bit, 8-lane float accumulators (AVX-VNNI's `vpdpbusd` in the same body)
+register_bodies(("avx2", "avxvnni"), tile=lambda kind, level: (tile_block(kind, vnni=level.vnni), 8))

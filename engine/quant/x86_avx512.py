@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from engine.quant.int8_dot import (I16, I32, _accumulate, _vec, _widen8, _pair_sums, token_scale, token_sums,
-                                   token_values, wide_unpack, x86_call)
+from engine.quant.int8_dot import (I16, I32, _accumulate, _vec, _widen8, _pair_sums, register_bodies, token_scale,
+                                   token_sums, token_values, wide_unpack, x86_call)
 
 
 def tile_block(kind: str, vnni: bool):
@@ -63,3 +63,7 @@ def tile_block(kind: str, vnni: bool):
                 isum = b.add(isum, _widen8(b, _pair_sums(b, token_sums(row, a, i, t), blk.offset)))
             _accumulate(b, accs[t], isum, token_scale(row, blk, i, t))
     return block
+
+
+# AVX-512 BW and VNNI: 512-bit, 16-lane float accumulators
+register_bodies(("avx512bw", "avx512vnni"), tile=lambda kind, level: (tile_block(kind, vnni=level.vnni), 16))
