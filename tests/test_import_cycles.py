@@ -132,3 +132,20 @@ def test_no_new_import_cycle_in_engine_or_function():
     stale = [sorted(a) for a in ALLOWED if a not in found]
     assert not stale, (f"these allowed cycles are no longer cycles as listed: {stale}; shrink ALLOWED to what "
                        f"is left: {[sorted(c) for c in found]}")
+
+
+def private_imports() -> list[tuple[str, str, str]]:
+    """(importing file, module, name) for every `_name` imported from another engine/function module."""
+    out = []
+    for pkg in PACKAGES:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith(PACKAGES)):
+                    out += [(str(path.relative_to(ROOT)), node.module or ".", a.name) for a in node.names
+                            if a.name.startswith("_") and not a.name.startswith("__")]
+    return out
+
+
+def test_no_private_name_crosses_a_file():
+    """What another file needs is public in the file that defines it (issue 47)."""
+    assert private_imports() == []

@@ -4,7 +4,7 @@ Q3_K, IQ4_XS and IQ3_S times Q8_K activations, IQ4_NL times Q8_0 activations, wi
 The same scheme as arm_neon.py's Q4_K/Q6_K rows (one `sdot`, `llvm.aarch64.neon.sdot.v4i32.v16i8`,
 per 16 weights into a <4 x i32>, the sub-block scale applied as a vector multiply-add into one
 i32 vector per block, converted and scaled into a float accumulator once per block, one
-horizontal sum per row: int8_dot._row_codegen), and llama.cpp's NEON arithmetic
+horizontal sum per row: int8_dot.row_codegen), and llama.cpp's NEON arithmetic
 (ggml-cpu/arch/arm/quants.c) for each format:
 
 * Q2_K: quants 0..3 and 4-bit scales, so the weights are multiplied by their scale once per
@@ -43,15 +43,15 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from engine.quant.arm_neon import V4, V16, _c8, _fold, _lane_splat, neon_call, sdot
-from engine.quant.int8_dot import F32, I8, I16, I32, I64, WIDE_TILE, _accumulate, _pair_sums, _prefetch, _row_codegen, _vec
+from engine.quant.arm_neon import V4, V16, c8, fold, lane_splat, neon_call, sdot
+from engine.quant.int8_dot import F32, I8, I16, I32, I64, WIDE_TILE, accumulate, pair_sums, prefetch, row_codegen, vec
 from engine.quant.njit_base import MV as _MV
 from engine.quant.lowbit import IQ4_LEVELS
-from engine.quant.lowbit_kernels import _G3S_U32
-from engine.quant.x86_lowbit import _q3_k_scales  # generic IR (no x86 intrinsic): the 12 packed scale bytes
+from engine.quant.lowbit_kernels import G3S_U32
+from engine.quant.x86_lowbit import q3_k_scales  # generic IR (no x86 intrinsic): the 12 packed scale bytes
 
 TBL = "llvm.aarch64.neon.tbl1.v16i8"
-W16 = _vec(I16, 16)
+W16 = vec(I16, 16)
 
 
 def _c64(v: int):
@@ -88,20 +88,20 @@ def _q2_k_unpack(row, i) -> _Block:
     # Value 128h + 32s + l: (qs[32h + l] >> 2s) & 3, scale and min j = value // 16
     b = row.b
     p = b.mul(i, _c64(84))
-    _prefetch(row, p, 84)
+    prefetch(row, p, 84)
     sc = row.load("row", p, V16, align=1)
-    scales = b.and_(sc, _c8(15))
+    scales = b.and_(sc, c8(15))
     groups = []
     for h in range(2):
         for hh in range(2):
             qs = row.load("row", b.add(p, _c64(16 + 32 * h + 16 * hh)), V16, align=1)
             for s in range(4):
                 k = 8 * h + 2 * s + hh  # the 16-value group: values 16k..16k+15
-                q = b.and_(b.lshr(qs, _c8(2 * s)) if s else qs, _c8(3))
-                splat = b.shuffle_vector(scales, scales, ir.Constant(_vec(I32, 16), [k] * 16))
+                q = b.and_(b.lshr(qs, c8(2 * s)) if s else qs, c8(3))
+                splat = b.shuffle_vector(scales, scales, ir.Constant(vec(I32, 16), [k] * 16))
                 groups.append((k, b.mul(q, splat)))  # 0..45: the scale folded into the weights
     groups.sort(key=lambda kv: kv[0])
-    mins = b.zext(b.lshr(sc, _c8(4)), W16)
+    mins = b.zext(b.lshr(sc, c8(4)), W16)
     d, dmin = row.half(b.add(p, _c64(80)), lane=2), row.half(b.add(p, _c64(82)), lane=3)
     # four chains of four `sdot` (one chain of 16 would wait on each sdot's latency in decode)
     return _Block([_Group([(w, 16 * k) for k, w in groups[4 * c:4 * c + 4]], None) for c in range(4)], d, mins, dmin)
@@ -112,9 +112,9 @@ def _q3_k_unpack(row, i) -> _Block:
     # + 4 * (bit 4h + s of hmask[l]) - 4, scale j = value // 16 (signed, -32..31)
     b = row.b
     p = b.mul(i, _c64(110))
-    _prefetch(row, p, 110)
+    prefetch(row, p, 110)
     words = [row.load("row", b.add(p, _c64(k)), I32, align=1) for k in (96, 100, 104)]
-    s32 = b.sext(_q3_k_scales(b, *words), _vec(I32, 16))
+    s32 = b.sext(q3_k_scales(b, *words), vec(I32, 16))
     hm = [row.load("row", b.add(p, _c64(16 * hh)), V16, align=1) for hh in range(2)]
     groups: list[_Group | None] = [None] * 16
     for h in range(2):
@@ -122,11 +122,11 @@ def _q3_k_unpack(row, i) -> _Block:
             qs = row.load("row", b.add(p, _c64(32 + 32 * h + 16 * hh)), V16, align=1)
             for s in range(4):
                 k = 8 * h + 2 * s + hh
-                low = b.and_(b.lshr(qs, _c8(2 * s)) if s else qs, _c8(3))
+                low = b.and_(b.lshr(qs, c8(2 * s)) if s else qs, c8(3))
                 bit = 4 * h + s
-                high = b.and_(b.lshr(hm[hh], _c8(bit)) if bit else hm[hh], _c8(1))
-                q = b.sub(b.or_(low, b.shl(high, _c8(2))), _c8(4))  # -4..3
-                groups[k] = _Group([(q, 16 * k)], _lane_splat(b, s32, k))
+                high = b.and_(b.lshr(hm[hh], c8(bit)) if bit else hm[hh], c8(1))
+                q = b.sub(b.or_(low, b.shl(high, c8(2))), c8(4))  # -4..3
+                groups[k] = _Group([(q, 16 * k)], lane_splat(b, s32, k))
     return _Block([g for g in groups if g is not None], row.half(b.add(p, _c64(108)), lane=3))
 
 
@@ -137,7 +137,7 @@ def _levels():
 def _iq4_pair(b, q16):
     """16 packed bytes -> (levels of the low nibbles, levels of the high nibbles), <16 x i8> each."""
     table = _levels()
-    return _tbl(b, table, b.and_(q16, _c8(15))), _tbl(b, table, b.lshr(q16, _c8(4)))
+    return _tbl(b, table, b.and_(q16, c8(15))), _tbl(b, table, b.lshr(q16, c8(4)))
 
 
 def _iq4_xs_unpack(row, i) -> _Block:
@@ -145,8 +145,8 @@ def _iq4_xs_unpack(row, i) -> _Block:
     # nibbles values 0-15, high 16-31); scale j = (nibble j of scales_l | 2 bits j of scales_h << 4) - 32
     b = row.b
     p = b.mul(i, _c64(136))
-    _prefetch(row, p, 136)
-    v8 = _vec(I32, 8)
+    prefetch(row, p, 136)
+    v8 = vec(I32, 8)
     splat8 = lambda v: b.shuffle_vector(b.insert_element(ir.Constant(v8, ir.Undefined), v, ir.Constant(I32, 0)),  # noqa: E731
                                         ir.Constant(v8, ir.Undefined), ir.Constant(v8, [0] * 8))
     sh = splat8(b.zext(row.load("row", b.add(p, _c64(2)), I16, align=1), I32))
@@ -157,7 +157,7 @@ def _iq4_xs_unpack(row, i) -> _Block:
     groups = []
     for j in range(8):
         lo, hi = _iq4_pair(b, row.load("row", b.add(p, _c64(8 + 16 * j)), V16, align=1))
-        groups.append(_Group([(lo, 32 * j), (hi, 32 * j + 16)], _lane_splat(b, ls, j)))
+        groups.append(_Group([(lo, 32 * j), (hi, 32 * j + 16)], lane_splat(b, ls, j)))
     return _Block(groups, row.half(p))
 
 
@@ -165,7 +165,7 @@ def _iq4_nl_unpack(row, i) -> _Block:
     # 18 bytes per 32 values: d f16, 16 bytes of nibbles (values 0-15 low, 16-31 high)
     b = row.b
     p = b.mul(i, _c64(18))
-    _prefetch(row, p, 18)
+    prefetch(row, p, 18)
     lo, hi = _iq4_pair(b, row.load("row", b.add(p, _c64(2)), V16, align=1))
     return _Block([_Group([(lo, 0), (hi, 16)], None)], row.half(p))
 
@@ -180,22 +180,22 @@ def _iq3_s_unpack(row, i) -> _Block:
     # values: 1 + 2 * nibble)
     b = row.b
     p = b.mul(i, _c64(110))
-    _prefetch(row, p, 110)
+    prefetch(row, p, 110)
     scales = row.load("row", b.add(p, _c64(106)), I32, align=1)
     groups = []
     for k in range(8):
         qh = b.zext(row.load("row", b.add(p, _c64(66 + k)), I8), I32)
-        grid = ir.Constant(_vec(I32, 8), ir.Undefined)
+        grid = ir.Constant(vec(I32, 8), ir.Undefined)
         for g in range(8):
             lo = b.zext(row.load("row", b.add(p, _c64(2 + 8 * k + g)), I8), I32)
             hi = b.shl(b.and_(b.lshr(qh, ir.Constant(I32, g)) if g else qh, ir.Constant(I32, 1)), ir.Constant(I32, 8))
             grid = b.insert_element(grid, row.load("grid", b.zext(b.or_(lo, hi), I64), I32, align=4), ir.Constant(I32, g))
-        grid = b.bitcast(grid, _vec(I8, 32))
-        signs = b.bitcast(row.load("row", b.add(p, _c64(74 + 4 * k)), I32, align=1), _vec(I8, 4))
+        grid = b.bitcast(grid, vec(I8, 32))
+        signs = b.bitcast(row.load("row", b.add(p, _c64(74 + 4 * k)), I32, align=1), vec(I8, 4))
         vecs = []
         for half in range(2):
-            g16 = b.shuffle_vector(grid, grid, ir.Constant(_vec(I32, 16), list(range(16 * half, 16 * half + 16))))
-            sb = b.shuffle_vector(signs, signs, ir.Constant(_vec(I32, 16), [2 * half + v // 8 for v in range(16)]))
+            g16 = b.shuffle_vector(grid, grid, ir.Constant(vec(I32, 16), list(range(16 * half, 16 * half + 16))))
+            sb = b.shuffle_vector(signs, signs, ir.Constant(vec(I32, 16), [2 * half + v // 8 for v in range(16)]))
             bits = b.and_(sb, ir.Constant(V16, _SIGN_BIT))
             neg = b.sext(b.icmp_unsigned("==", bits, ir.Constant(V16, _SIGN_BIT)), V16)
             vecs.append((b.sub(b.xor(g16, neg), neg), 32 * k + 16 * half))  # -15..15
@@ -207,7 +207,7 @@ def _iq3_s_unpack(row, i) -> _Block:
 
 
 def _block(unpack, values_per_block: int = 256):
-    """int8_dot._row_codegen's block body: unpack block i once, then per scale group and token the
+    """int8_dot.row_codegen's block body: unpack block i once, then per scale group and token the
     `sdot`s (groups outer, tokens inner: a group's weight vectors and scale stay in registers
     while the tile's tokens pass them), one float multiply-add per token and block."""
     def block(row, a, i, accs):
@@ -229,10 +229,10 @@ def _block(unpack, values_per_block: int = 256):
         for t in range(row.ntok):
             isum = isums[t][0] if chains == 1 else b.add(isums[t][0], isums[t][1])
             xd = row.load("xd", b.add(row.offset("do", "dstride", t), i), F32)
-            _accumulate(b, accs[t], isum, b.fmul(blk.d, xd))
+            accumulate(b, accs[t], isum, b.fmul(blk.d, xd))
             if blk.mins is not None:
                 sums = row.load("xs", b.add(row.offset("so", "sstride", t), b.mul(i, _c64(16))), W16, align=2)
-                _accumulate(b, accs[t], _fold(b, _pair_sums(b, sums, blk.mins)),
+                accumulate(b, accs[t], fold(b, pair_sums(b, sums, blk.mins)),
                             b.fsub(ir.Constant(F32, 0.0), b.fmul(blk.dmin, xd)))
     return block
 
@@ -256,7 +256,7 @@ _Q8_0_TILE = ("row", "nb", "xq", "xo", "xstride", "xd", "do", "dstride", "res")
 def _q8k_row(name: str):
     def typer(typingctx, row, nb, xq, xd, xs, grid):
         _arm_only(name)
-        return types.float32(row, nb, xq, xd, xs, grid), _row_codegen(_Q8K_ROW, 1, _block(_UNPACK[name]), lanes=4)
+        return types.float32(row, nb, xq, xd, xs, grid), row_codegen(_Q8K_ROW, 1, _block(_UNPACK[name]), lanes=4)
     typer.__name__ = f"{name.lower()}_row_dot"
     return intrinsic(typer)
 
@@ -265,7 +265,7 @@ def _q8k_tile(name: str):
     def typer(typingctx, row, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res, grid):
         _arm_only(name)
         sig = types.void(row, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res, grid)
-        return sig, _row_codegen(_Q8K_TILE, WIDE_TILE, _block(_UNPACK[name]), lanes=4)
+        return sig, row_codegen(_Q8K_TILE, WIDE_TILE, _block(_UNPACK[name]), lanes=4)
     typer.__name__ = f"{name.lower()}_row_dot_tile"
     return intrinsic(typer)
 
@@ -285,7 +285,7 @@ def iq4_nl_row_dot(typingctx, row, nb, xq, xd):
     """The IQ4_NL row (nb blocks of 32) times one token's Q8_0 activations (xq int8, xd f32 per
     32 values), as float32."""
     _arm_only("IQ4_NL")
-    return types.float32(row, nb, xq, xd), _row_codegen(_Q8_0_ROW, 1, _block(_iq4_nl_unpack, 32), lanes=4)
+    return types.float32(row, nb, xq, xd), row_codegen(_Q8_0_ROW, 1, _block(_iq4_nl_unpack, 32), lanes=4)
 
 
 @intrinsic
@@ -293,7 +293,7 @@ def iq4_nl_row_dot_tile(typingctx, row, nb, xq, xo, xstride, xd, do, dstride, re
     """res[t] = the IQ4_NL row times token t's Q8_0 activations (int8) for t < WIDE_TILE."""
     _arm_only("IQ4_NL")
     sig = types.void(row, nb, xq, xo, xstride, xd, do, dstride, res)
-    return sig, _row_codegen(_Q8_0_TILE, WIDE_TILE, _block(_iq4_nl_unpack, 32), lanes=4)
+    return sig, row_codegen(_Q8_0_TILE, WIDE_TILE, _block(_iq4_nl_unpack, 32), lanes=4)
 
 
 # ----------------------------------------------------------------------------- drivers
@@ -306,28 +306,28 @@ def iq4_nl_row_dot_tile(typingctx, row, nb, xq, xo, xstride, xd, do, dstride, re
 def _mv_q2_k(w, xq, xd, xs16, out):
     nb = xd.shape[0]
     for r in prange(w.shape[0]):
-        out[r] = q2_k_row_dot(w[r], nb, xq, xd, xs16, _G3S_U32)
+        out[r] = q2_k_row_dot(w[r], nb, xq, xd, xs16, G3S_U32)
 
 
 @njit(**_MV)
 def _mv_q3_k(w, xq, xd, xs16, out):
     nb = xd.shape[0]
     for r in prange(w.shape[0]):
-        out[r] = q3_k_row_dot(w[r], nb, xq, xd, xs16, _G3S_U32)
+        out[r] = q3_k_row_dot(w[r], nb, xq, xd, xs16, G3S_U32)
 
 
 @njit(**_MV)
 def _mv_iq4_xs(w, xq, xd, xs16, out):
     nb = xd.shape[0]
     for r in prange(w.shape[0]):
-        out[r] = iq4_xs_row_dot(w[r], nb, xq, xd, xs16, _G3S_U32)
+        out[r] = iq4_xs_row_dot(w[r], nb, xq, xd, xs16, G3S_U32)
 
 
 @njit(**_MV)
 def _mv_iq3_s(w, xq, xd, xs16, out):
     nb = xd.shape[0]
     for r in prange(w.shape[0]):
-        out[r] = iq3_s_row_dot(w[r], nb, xq, xd, xs16, _G3S_U32)
+        out[r] = iq3_s_row_dot(w[r], nb, xq, xd, xs16, G3S_U32)
 
 
 @njit(**_MV)
@@ -349,7 +349,7 @@ def _mm_q2_k(w, xq, xd, xs16, out):
         for t0 in range(0, tp, WIDE_TILE):
             for r in range(c * _ROW_CHUNK, min(rows, (c + 1) * _ROW_CHUNK)):
                 q2_k_row_dot_tile(w[r], nb, xq, t0 * nb * 256, nb * 256, xd, t0 * nb, nb, xs16, t0 * nb * 16, nb * 16,
-                                  res, _G3S_U32)
+                                  res, G3S_U32)
                 for t in range(WIDE_TILE):
                     out[t0 + t, r] = res[t]
 
@@ -363,7 +363,7 @@ def _mm_q3_k(w, xq, xd, xs16, out):
         for t0 in range(0, tp, WIDE_TILE):
             for r in range(c * _ROW_CHUNK, min(rows, (c + 1) * _ROW_CHUNK)):
                 q3_k_row_dot_tile(w[r], nb, xq, t0 * nb * 256, nb * 256, xd, t0 * nb, nb, xs16, t0 * nb * 16, nb * 16,
-                                  res, _G3S_U32)
+                                  res, G3S_U32)
                 for t in range(WIDE_TILE):
                     out[t0 + t, r] = res[t]
 
@@ -377,7 +377,7 @@ def _mm_iq4_xs(w, xq, xd, xs16, out):
         for t0 in range(0, tp, WIDE_TILE):
             for r in range(c * _ROW_CHUNK, min(rows, (c + 1) * _ROW_CHUNK)):
                 iq4_xs_row_dot_tile(w[r], nb, xq, t0 * nb * 256, nb * 256, xd, t0 * nb, nb, xs16, t0 * nb * 16, nb * 16,
-                                    res, _G3S_U32)
+                                    res, G3S_U32)
                 for t in range(WIDE_TILE):
                     out[t0 + t, r] = res[t]
 
@@ -391,7 +391,7 @@ def _mm_iq3_s(w, xq, xd, xs16, out):
         for t0 in range(0, tp, WIDE_TILE):
             for r in range(c * _ROW_CHUNK, min(rows, (c + 1) * _ROW_CHUNK)):
                 iq3_s_row_dot_tile(w[r], nb, xq, t0 * nb * 256, nb * 256, xd, t0 * nb, nb, xs16, t0 * nb * 16, nb * 16,
-                                   res, _G3S_U32)
+                                   res, G3S_U32)
                 for t in range(WIDE_TILE):
                     out[t0 + t, r] = res[t]
 

@@ -38,11 +38,11 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from engine.quant.int8_dot import (F32, I8, I16, I32, I64, _Row, _accumulate, _array_ptr, _pair_sums, _prefetch,
-                                   _q4_k_scales_mins, _vec, register_bodies, token_sums, token_values)
+from engine.quant.int8_dot import (F32, I8, I16, I32, I64, Row, accumulate, array_ptr, pair_sums, prefetch,
+                                   q4_k_scales_mins, vec, register_bodies, token_sums, token_values)
 
-V16 = _vec(I8, 16)
-V4 = _vec(I32, 4)
+V16 = vec(I8, 16)
+V4 = vec(I32, 4)
 SDOT = "llvm.aarch64.neon.sdot.v4i32.v16i8"
 # block bytes and where the quants start (after d, dmin, 12 scale bytes and Q5_K's 32 qh bytes)
 K_BLOCK = {"q4_k": 144, "q5_k": 176, "q6_k": 210}
@@ -59,18 +59,18 @@ def sdot(builder, acc, a, b):
     return neon_call(builder, SDOT, V4, [acc, a, b])
 
 
-def _c8(v: int):
+def c8(v: int):
     return ir.Constant(V16, [v] * 16)
 
 
-def _lane_splat(b, v, lane: int, n: int = 4):
-    return b.shuffle_vector(v, v, ir.Constant(_vec(I32, n), [lane] * n))
+def lane_splat(b, v, lane: int, n: int = 4):
+    return b.shuffle_vector(v, v, ir.Constant(vec(I32, n), [lane] * n))
 
 
-def _fold(b, v8):
+def fold(b, v8):
     """<8 x i32> -> <4 x i32>: lanes 0-3 plus lanes 4-7."""
-    return b.add(b.shuffle_vector(v8, v8, ir.Constant(_vec(I32, 4), [0, 1, 2, 3])),
-                 b.shuffle_vector(v8, v8, ir.Constant(_vec(I32, 4), [4, 5, 6, 7])))
+    return b.add(b.shuffle_vector(v8, v8, ir.Constant(vec(I32, 4), [0, 1, 2, 3])),
+                 b.shuffle_vector(v8, v8, ir.Constant(vec(I32, 4), [4, 5, 6, 7])))
 
 
 class NeonBlock:
@@ -83,48 +83,48 @@ class NeonBlock:
 
 
 def unpack(kind: str, row, i) -> NeonBlock:
-    """Block i of a Q4_K / Q5_K / Q6_K row (the weights `row` of int8_dot's _Row), prefetching
+    """Block i of a Q4_K / Q5_K / Q6_K row (the weights `row` of int8_dot's Row), prefetching
     ahead as the x86 rows do."""
     b = row.b
     i64 = lambda v: ir.Constant(I64, v)  # noqa: E731
     size = K_BLOCK[kind]
     p = b.mul(i, i64(size))
-    _prefetch(row, p, size)
+    prefetch(row, p, size)
     load16 = lambda off: row.load("row", b.add(p, i64(off)), V16, align=1)  # noqa: E731
     if kind == "q6_k":
-        sptr = _array_ptr(row.context, b, row.aty["row"], row.arg["row"], b.add(p, i64(192)), V16)
+        sptr = array_ptr(row.context, b, row.aty["row"], row.arg["row"], b.add(p, i64(192)), V16)
         s8 = b.load(sptr, align=1)
-        s32 = b.sext(s8, _vec(I32, 16))
+        s32 = b.sext(s8, vec(I32, 16))
         quants = []
         for h in range(2):
             for t in range(4):
                 for hh in range(2):
                     ql = load16(64 * h + 32 * (t & 1) + 16 * hh)
-                    low = b.and_(ql, _c8(15)) if t < 2 else b.lshr(ql, _c8(4))
+                    low = b.and_(ql, c8(15)) if t < 2 else b.lshr(ql, c8(4))
                     qh = load16(128 + 32 * h + 16 * hh)
-                    high = b.shl(b.and_(b.lshr(qh, _c8(2 * t)) if t else qh, _c8(3)), _c8(4))
+                    high = b.shl(b.and_(b.lshr(qh, c8(2 * t)) if t else qh, c8(3)), c8(4))
                     quants.append(b.or_(low, high))
-        offset = b.mul(b.sext(s8, _vec(I16, 16)), ir.Constant(_vec(I16, 16), [-32] * 16))  # |.| <= 4096
-        return NeonBlock(quants, lambda k: _lane_splat(b, s32, k), offset, row.half(b.add(p, i64(208)), lane=3), None)
+        offset = b.mul(b.sext(s8, vec(I16, 16)), ir.Constant(vec(I16, 16), [-32] * 16))  # |.| <= 4096
+        return NeonBlock(quants, lambda k: lane_splat(b, s32, k), offset, row.half(b.add(p, i64(208)), lane=3), None)
     words = [row.load("row", b.add(p, i64(k)), I32, align=1) for k in (4, 8, 12)]
-    packed = _q4_k_scales_mins(b, *words)  # 8 scales, 8 mins (6-bit, unsigned)
-    s32 = b.zext(b.shuffle_vector(packed, packed, ir.Constant(_vec(I32, 8), list(range(8)))), _vec(I32, 8))
-    mins = b.zext(b.shuffle_vector(packed, packed, ir.Constant(_vec(I32, 16), [8 + k // 2 for k in range(16)])),
-                  _vec(I16, 16))
+    packed = q4_k_scales_mins(b, *words)  # 8 scales, 8 mins (6-bit, unsigned)
+    s32 = b.zext(b.shuffle_vector(packed, packed, ir.Constant(vec(I32, 8), list(range(8)))), vec(I32, 8))
+    mins = b.zext(b.shuffle_vector(packed, packed, ir.Constant(vec(I32, 16), [8 + k // 2 for k in range(16)])),
+                  vec(I16, 16))
     q0 = 48 if kind == "q5_k" else 16
     qh = [load16(16 + 16 * hh) for hh in range(2)] if kind == "q5_k" else None
     quants = [None] * 16
     for c in range(4):
         for hh in range(2):
             v = load16(q0 + 32 * c + 16 * hh)
-            for half, nib in enumerate((b.and_(v, _c8(15)), b.lshr(v, _c8(4)))):
+            for half, nib in enumerate((b.and_(v, c8(15)), b.lshr(v, c8(4)))):
                 j = 2 * c + half  # the sub-block (run of 32): Q5_K's high bit is bit j of qh
                 if qh is not None:
-                    bit = b.and_(qh[hh], _c8(1 << j))
-                    bit = b.shl(bit, _c8(4 - j)) if j < 4 else b.lshr(bit, _c8(j - 4)) if j > 4 else bit
+                    bit = b.and_(qh[hh], c8(1 << j))
+                    bit = b.shl(bit, c8(4 - j)) if j < 4 else b.lshr(bit, c8(j - 4)) if j > 4 else bit
                     nib = b.or_(nib, bit)
                 quants[2 * j + hh] = nib
-    return NeonBlock(quants, lambda k: _lane_splat(b, s32, k // 2), mins, row.half(p), row.half(b.add(p, i64(2))))
+    return NeonBlock(quants, lambda k: lane_splat(b, s32, k // 2), mins, row.half(p), row.half(b.add(p, i64(2))))
 
 
 def k_block(kind: str, with_mins: bool):
@@ -155,12 +155,12 @@ def k_block(kind: str, with_mins: bool):
             xd = row.load("xd", b.add(row.offset("do", "dstride", t), i), F32)
             isum = isums[t]
             if not per32 or with_mins:
-                by = _fold(b, _pair_sums(b, token_sums(row, a, i, t), blk.by_sums))
+                by = fold(b, pair_sums(b, token_sums(row, a, i, t), blk.by_sums))
                 if not per32:
                     isum = b.add(isum, by)
                 else:
-                    _accumulate(b, accs[t], by, b.fsub(ir.Constant(F32, 0.0), b.fmul(blk.dmin, xd)))
-            _accumulate(b, accs[t], isum, b.fmul(blk.d, xd))
+                    accumulate(b, accs[t], by, b.fsub(ir.Constant(F32, 0.0), b.fmul(blk.dmin, xd)))
+            accumulate(b, accs[t], isum, b.fmul(blk.d, xd))
     return block
 
 
@@ -172,7 +172,7 @@ def q8_0_block(row, a, i, accs):
     b = row.b
     i64 = lambda v: ir.Constant(I64, v)  # noqa: E731
     p = b.mul(i, i64(34))
-    _prefetch(row, p, 34)
+    prefetch(row, p, 34)
     d = row.half(p)
     w = [row.load("row", b.add(p, i64(2 + 16 * h)), V16, align=1) for h in range(2)]
     wide = row.aty["xq"].dtype.bitwidth == 16
@@ -180,12 +180,12 @@ def q8_0_block(row, a, i, accs):
     for t in range(row.ntok):
         o = b.add(row.offset("xo", "xstride", t), b.mul(i, i64(32)))
         if wide:
-            xs = [b.trunc(row.load("xq", b.add(o, i64(16 * h)), _vec(I16, 16), align=2), V16) for h in range(2)]
+            xs = [b.trunc(row.load("xq", b.add(o, i64(16 * h)), vec(I16, 16), align=2), V16) for h in range(2)]
         else:
             xs = [row.load("xq", b.add(o, i64(16 * h)), V16, align=1) for h in range(2)]
         s = sdot(b, sdot(b, zero, w[0], xs[0]), w[1], xs[1])
         xd = row.load("xd", b.add(row.offset("do", "dstride", t), i), F32)
-        _accumulate(b, accs[t], s, b.fmul(d, xd))
+        accumulate(b, accs[t], s, b.fmul(d, xd))
 
 
 def row_block(kind: str):
@@ -220,7 +220,7 @@ def smmla(builder, acc, a, b):
 def _zip64(b, u, v, high: int):
     """[u's 8 bytes `high`, v's 8 bytes `high`] as one <16 x i8> (zip1/zip2 on .2d lanes)."""
     o = 8 * high
-    return b.shuffle_vector(u, v, ir.Constant(_vec(I32, 16), [*range(o, o + 8), *range(16 + o, 24 + o)]))
+    return b.shuffle_vector(u, v, ir.Constant(vec(I32, 16), [*range(o, o + 8), *range(16 + o, 24 + o)]))
 
 
 _Q8_0_PAIR = ("row0", "row1", "nb", "xq", "xo", "xstride", "xd", "do", "dstride", "res")
@@ -228,12 +228,12 @@ _Q8_0_PAIR = ("row0", "row1", "nb", "xq", "xo", "xstride", "xd", "do", "dstride"
 
 def _q8_0_pair_codegen(context, builder, signature, args):
     """Two Q8_0 rows times TILE tokens (int8 activations): res[r * TILE + t]."""
-    from engine.quant.int8_dot import TILE, _Row, _half_at, _store
+    from engine.quant.int8_dot import TILE, Row, half_at, store
 
     b = builder
-    row = _Row(context, b, signature, args, _Q8_0_PAIR, TILE)
+    row = Row(context, b, signature, args, _Q8_0_PAIR, TILE)
     i64 = lambda v: ir.Constant(I64, v)  # noqa: E731
-    vf = _vec(F32, 4)
+    vf = vec(F32, 4)
     pairs = TILE // 2
     accs = [cgutils.alloca_once_value(b, ir.Constant(vf, [0.0] * 4)) for _ in range(pairs)]
     with cgutils.for_range(b, row.arg["nb"]) as loop:
@@ -241,13 +241,13 @@ def _q8_0_pair_codegen(context, builder, signature, args):
         p = b.mul(i, i64(34))
         ws, ds = [], []
         for name in ("row0", "row1"):
-            ptr = lambda off, name=name: _array_ptr(context, b, row.aty[name], row.arg[name], b.add(p, i64(off)), V16)  # noqa: E731
+            ptr = lambda off, name=name: array_ptr(context, b, row.aty[name], row.arg[name], b.add(p, i64(off)), V16)  # noqa: E731
             ws.append([b.load(ptr(2 + 16 * h), align=1) for h in range(2)])
-            ds.append(_half_at(context, b, row.aty[name], row.arg[name], p))
+            ds.append(half_at(context, b, row.aty[name], row.arg[name], p))
             pf = cgutils.get_or_insert_function(b.module, ir.FunctionType(ir.VoidType(), [I8.as_pointer(), I32, I32, I32]),
                                                 "llvm.prefetch.p0")
             from engine.quant.int8_dot import prefetch_bytes
-            b.call(pf, [_array_ptr(context, b, row.aty[name], row.arg[name], b.add(p, i64(prefetch_bytes())), I8),
+            b.call(pf, [array_ptr(context, b, row.aty[name], row.arg[name], b.add(p, i64(prefetch_bytes())), I8),
                         ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
         a_mats = [_zip64(b, ws[0][h], ws[1][h], k) for h in range(2) for k in range(2)]
         d4 = ir.Constant(vf, ir.Undefined)
@@ -270,7 +270,7 @@ def _q8_0_pair_codegen(context, builder, signature, args):
     for q in range(pairs):
         acc = b.load(accs[q])
         for lane, (r, t) in enumerate(((0, 2 * q), (0, 2 * q + 1), (1, 2 * q), (1, 2 * q + 1))):
-            _store(context, b, row.aty["res"], row.arg["res"], r * TILE + t, b.extract_element(acc, ir.Constant(I32, lane)))
+            store(context, b, row.aty["res"], row.arg["res"], r * TILE + t, b.extract_element(acc, ir.Constant(I32, lane)))
     return context.get_dummy_value()
 
 
@@ -300,7 +300,7 @@ def _reduce_add(b, v):
 def _k_pair_codegen(kind: str):
     """Two K-format rows times WIDE_TILE tokens with `smmla`: res[r * WIDE_TILE + t]. Q4_K/Q5_K
     leave their mins to the caller (as every tile); Q6_K's -32 goes through the activation sums."""
-    from engine.quant.int8_dot import WIDE_TILE, _Args, _Row, _store
+    from engine.quant.int8_dot import WIDE_TILE, Args, Row, store
 
     per32 = kind != "q6_k"
 
@@ -308,10 +308,10 @@ def _k_pair_codegen(kind: str):
         b = builder
         # two views of the arguments: "row" is row0 in the first, row1 in the second
         swapped = ("row_b", "row", *_K_PAIR[2:])
-        views = [_Row(context, b, signature, args, _K_PAIR, WIDE_TILE), _Row(context, b, signature, args, swapped, WIDE_TILE)]
-        a = _Args(context, b, signature, args)
+        views = [Row(context, b, signature, args, _K_PAIR, WIDE_TILE), Row(context, b, signature, args, swapped, WIDE_TILE)]
+        a = Args(context, b, signature, args)
         v0 = views[0]
-        vf = _vec(F32, 4)
+        vf = vec(F32, 4)
         pairs = WIDE_TILE // 2
         accs = [cgutils.alloca_once_value(b, ir.Constant(vf, [0.0] * 4)) for _ in range(pairs)]
         zero = ir.Constant(V4, [0] * 4)
@@ -323,7 +323,7 @@ def _k_pair_codegen(kind: str):
             for k0 in range(0, 16, step):
                 mats = [(_zip64(b, blks[0].quants[k], blks[1].quants[k], 0), _zip64(b, blks[0].quants[k], blks[1].quants[k], 1))
                         for k in range(k0, k0 + step)]
-                sv = b.shuffle_vector(blks[0].scale(k0), blks[1].scale(k0), ir.Constant(_vec(I32, 4), [0, 1, 4, 5]))
+                sv = b.shuffle_vector(blks[0].scale(k0), blks[1].scale(k0), ir.Constant(vec(I32, 4), [0, 1, 4, 5]))
                 for q in range(pairs):
                     s = zero
                     for k, (lo, hi) in zip(range(k0, k0 + step), mats):
@@ -339,7 +339,7 @@ def _k_pair_codegen(kind: str):
                     sums = [token_sums(v0, a, i, t) for t in ts]
                     offs = ir.Constant(V4, ir.Undefined)
                     for lane, (r, t) in enumerate(((0, 0), (0, 1), (1, 0), (1, 1))):
-                        by = _fold(b, _pair_sums(b, sums[t], blks[r].by_sums))
+                        by = fold(b, pair_sums(b, sums[t], blks[r].by_sums))
                         offs = b.insert_element(offs, _reduce_add(b, by), ir.Constant(I32, lane))
                     isum = b.add(isum, offs)
                 scale = ir.Constant(vf, ir.Undefined)
@@ -349,7 +349,7 @@ def _k_pair_codegen(kind: str):
         for q in range(pairs):
             acc = b.load(accs[q])
             for lane, (r, t) in enumerate(((0, 2 * q), (0, 2 * q + 1), (1, 2 * q), (1, 2 * q + 1))):
-                _store(context, b, v0.aty["res"], v0.arg["res"], r * WIDE_TILE + t,
+                store(context, b, v0.aty["res"], v0.arg["res"], r * WIDE_TILE + t,
                        b.extract_element(acc, ir.Constant(I32, lane)))
         return context.get_dummy_value()
     return codegen
@@ -507,14 +507,14 @@ def dequantize_x4(qtype, w4, rows: int):
 def _dup32(b, v16, k: int):
     """The 4 bytes 4k..4k+3 of v16 in all four 32-bit lanes (the by-element `sdot` operand)."""
     v4 = b.bitcast(v16, V4)
-    return b.bitcast(b.shuffle_vector(v4, v4, ir.Constant(_vec(I32, 4), [k] * 4)), V16)
+    return b.bitcast(b.shuffle_vector(v4, v4, ir.Constant(vec(I32, 4), [k] * 4)), V16)
 
 
 def _f16x4(row, index):
     """Four f16 at byte `index` of the weights as <4 x float> (`fcvtl`)."""
     b = row.b
-    halves = b.bitcast(row.load("row", index, _vec(I16, 4), align=1), ir.VectorType(ir.HalfType(), 4))
-    return b.fpext(halves, _vec(F32, 4))
+    halves = b.bitcast(row.load("row", index, vec(I16, 4), align=1), ir.VectorType(ir.HalfType(), 4))
+    return b.fpext(halves, vec(F32, 4))
 
 
 class X4Block:
@@ -532,23 +532,23 @@ def x4_unpack(kind: str, row, i) -> X4Block:
     i64 = lambda v: ir.Constant(I64, v)  # noqa: E731
     size = X4_BLOCK[kind]
     p = b.mul(i, i64(size))
-    _prefetch(row, p, size)
+    prefetch(row, p, size)
     load16 = lambda off: row.load("row", b.add(p, i64(off)), V16, align=1)  # noqa: E731
-    quarters = lambda v: [b.shuffle_vector(v, v, ir.Constant(_vec(I32, 4), list(range(4 * q, 4 * q + 4))))  # noqa: E731
+    quarters = lambda v: [b.shuffle_vector(v, v, ir.Constant(vec(I32, 4), list(range(4 * q, 4 * q + 4))))  # noqa: E731
                           for q in range(4)]
     if kind == "q4_k":
-        sc = [q for off in (16, 32) for q in quarters(b.zext(load16(off), _vec(I32, 16)))]
-        mn16 = b.zext(row.load("row", b.add(p, i64(48)), _vec(I8, 32), align=1), _vec(I16, 32))
-        mins16 = lambda j: b.shuffle_vector(mn16, mn16, ir.Constant(_vec(I32, 4), list(range(4 * j, 4 * j + 4))))  # noqa: E731
+        sc = [q for off in (16, 32) for q in quarters(b.zext(load16(off), vec(I32, 16)))]
+        mn16 = b.zext(row.load("row", b.add(p, i64(48)), vec(I8, 32), align=1), vec(I16, 32))
+        mins16 = lambda j: b.shuffle_vector(mn16, mn16, ir.Constant(vec(I32, 4), list(range(4 * j, 4 * j + 4))))  # noqa: E731
         runs: list[list] = [[] for _ in range(8)]
         for c in range(4):
             for hh in range(2):
                 for k in range(4):
                     v = load16(80 + 64 * (2 * c + hh) + 16 * k)
-                    for half, nib in enumerate((b.and_(v, _c8(15)), b.lshr(v, _c8(4)))):
+                    for half, nib in enumerate((b.and_(v, c8(15)), b.lshr(v, c8(4)))):
                         runs[2 * c + half].append((nib, 64 * c + 32 * half + 16 * hh, k))
         return X4Block(runs, lambda j: sc[j], _f16x4(row, p), _f16x4(row, b.add(p, i64(8))), mins16)
-    sc = [q for off in (0, 16, 32, 48) for q in quarters(b.sext(load16(off), _vec(I32, 16)))]
+    sc = [q for off in (0, 16, 32, 48) for q in quarters(b.sext(load16(off), vec(I32, 16)))]
     runs = [[] for _ in range(16)]
     for h in range(2):
         for t in range(4):
@@ -557,10 +557,10 @@ def x4_unpack(kind: str, row, i) -> X4Block:
                 for k in range(4):
                     ql = load16(64 + 64 * (4 * h + 2 * (t & 1) + hh) + 16 * k)
                     qh = load16(64 + 64 * (8 + 2 * h + hh) + 16 * k)
-                    low = b.and_(ql, _c8(15)) if t < 2 else b.lshr(ql, _c8(4))
+                    low = b.and_(ql, c8(15)) if t < 2 else b.lshr(ql, c8(4))
                     # bits 2t, 2t+1 of qh to bits 4, 5: one shift at most (none for t = 2)
-                    high = qh if t == 2 else b.shl(qh, _c8(4 - 2 * t)) if t < 2 else b.lshr(qh, _c8(2))
-                    q = b.sub(b.or_(low, b.and_(high, _c8(0x30))), _c8(32))
+                    high = qh if t == 2 else b.shl(qh, c8(4 - 2 * t)) if t < 2 else b.lshr(qh, c8(2))
+                    q = b.sub(b.or_(low, b.and_(high, c8(0x30))), c8(32))
                     runs[g].append((q, 16 * g, k))
     return X4Block(runs, lambda j: sc[j], _f16x4(row, b.add(p, i64(832))))
 
@@ -577,8 +577,8 @@ def _x4_token_vectors(row, i, t: int):
 
 
 def _fvec_splat(b, value):
-    one = b.insert_element(ir.Constant(_vec(F32, 4), ir.Undefined), value, ir.Constant(I32, 0))
-    return b.shuffle_vector(one, one, ir.Constant(_vec(I32, 4), [0] * 4))
+    one = b.insert_element(ir.Constant(vec(F32, 4), ir.Undefined), value, ir.Constant(I32, 0))
+    return b.shuffle_vector(one, one, ir.Constant(vec(I32, 4), [0] * 4))
 
 
 def _fma4(b, acc, isum, scale4):
@@ -589,7 +589,7 @@ def _fma4(b, acc, isum, scale4):
 def _store4(row, name: str, index, value, subtract: bool):
     """<4 x float> value at array `name`[index..index+3]; `subtract`: value minus what is there."""
     b = row.b
-    ptr = _array_ptr(row.context, b, row.aty[name], row.arg[name], index, _vec(F32, 4))
+    ptr = array_ptr(row.context, b, row.aty[name], row.arg[name], index, vec(F32, 4))
     if subtract:
         value = b.fsub(value, b.load(ptr, align=4))
     b.store(value, ptr, align=4)
@@ -607,8 +607,8 @@ def _x4_sdot_codegen(kind: str, ntok: int):
 
     def codegen(context, builder, signature, args):
         b = builder
-        row = _Row(context, b, signature, args, names, ntok)
-        vf = _vec(F32, 4)
+        row = Row(context, b, signature, args, names, ntok)
+        vf = vec(F32, 4)
         zero = ir.Constant(V4, [0] * 4)
         mins = kind == "q4_k" and ntok == 1
         accs = [cgutils.alloca_once_value(b, ir.Constant(vf, [0.0] * 4)) for _ in range(ntok + mins)]
@@ -631,13 +631,13 @@ def _x4_sdot_codegen(kind: str, ntok: int):
                 # the token's sums per 32 (adjacent sums per 16, |.| <= 4064) times the rows' mins:
                 # i16 x i16 -> i32 multiply-accumulate by element (`smlal`)
                 so = b.mul(i, ir.Constant(I64, 16))
-                s16 = row.load("xs", so, _vec(I16, 16), align=2)
-                wide = _vec(I32, 4)
-                by32 = b.add(b.shuffle_vector(s16, s16, ir.Constant(_vec(I32, 8), list(range(0, 16, 2)))),
-                             b.shuffle_vector(s16, s16, ir.Constant(_vec(I32, 8), list(range(1, 16, 2)))))
+                s16 = row.load("xs", so, vec(I16, 16), align=2)
+                wide = vec(I32, 4)
+                by32 = b.add(b.shuffle_vector(s16, s16, ir.Constant(vec(I32, 8), list(range(0, 16, 2)))),
+                             b.shuffle_vector(s16, s16, ir.Constant(vec(I32, 8), list(range(1, 16, 2)))))
                 msum = zero
                 for j in range(8):
-                    lane = b.shuffle_vector(by32, by32, ir.Constant(_vec(I32, 4), [j] * 4))
+                    lane = b.shuffle_vector(by32, by32, ir.Constant(vec(I32, 4), [j] * 4))
                     msum = b.add(msum, b.mul(b.sext(blk.mins16(j), wide), b.sext(lane, wide)))
                 xd = _fvec_splat(b, row.load("xd", i, F32))
                 b.store(_fma4(b, b.load(accs[1]), msum, b.fmul(blk.dmin4, xd)), accs[1])
@@ -660,13 +660,13 @@ def _x4_smmla_codegen(kind: str, ntok: int):
     lanes as in the row-pair tile. Per run and row pair the scales are [s0, s0, s1, s1]."""
     def codegen(context, builder, signature, args):
         b = builder
-        row = _Row(context, b, signature, args, _X4_TILE, ntok)
-        vf = _vec(F32, 4)
+        row = Row(context, b, signature, args, _X4_TILE, ntok)
+        vf = vec(F32, 4)
         zero = ir.Constant(V4, [0] * 4)
         pairs = ntok // 2
         accs = {(rp, q): cgutils.alloca_once_value(b, ir.Constant(vf, [0.0] * 4)) for rp in range(2) for q in range(pairs)}
-        zip32 = [ir.Constant(_vec(I32, 16), [*range(0, 4), *range(16, 20), *range(4, 8), *range(20, 24)]),
-                 ir.Constant(_vec(I32, 16), [*range(8, 12), *range(24, 28), *range(12, 16), *range(28, 32)])]
+        zip32 = [ir.Constant(vec(I32, 16), [*range(0, 4), *range(16, 20), *range(4, 8), *range(20, 24)]),
+                 ir.Constant(vec(I32, 16), [*range(8, 12), *range(24, 28), *range(12, 16), *range(28, 32)])]
         with cgutils.for_range(b, row.arg["nb"]) as loop:
             i = b.sext(loop.index, I64) if loop.index.type.width < 64 else loop.index
             blk = x4_unpack(kind, row, i)
@@ -674,7 +674,7 @@ def _x4_smmla_codegen(kind: str, ntok: int):
             isums = {key: zero for key in accs}
             for j, units in enumerate(blk.runs):
                 sv = blk.scale(j)
-                svs = [b.shuffle_vector(sv, sv, ir.Constant(_vec(I32, 4), [2 * rp, 2 * rp, 2 * rp + 1, 2 * rp + 1]))
+                svs = [b.shuffle_vector(sv, sv, ir.Constant(vec(I32, 4), [2 * rp, 2 * rp, 2 * rp + 1, 2 * rp + 1]))
                        for rp in range(2)]
                 s = {key: zero for key in accs}
                 for (w0, off, k), (w1, off1, k1) in zip(units[0::2], units[1::2]):
@@ -688,7 +688,7 @@ def _x4_smmla_codegen(kind: str, ntok: int):
                     isums[key] = b.add(isums[key], b.mul(s[key], svs[key[0]]))
             xds = [row.load("xd", b.add(row.offset("do", "dstride", t), i), F32) for t in range(ntok)]
             for rp in range(2):
-                d = b.shuffle_vector(blk.d4, blk.d4, ir.Constant(_vec(I32, 4), [2 * rp, 2 * rp, 2 * rp + 1, 2 * rp + 1]))
+                d = b.shuffle_vector(blk.d4, blk.d4, ir.Constant(vec(I32, 4), [2 * rp, 2 * rp, 2 * rp + 1, 2 * rp + 1]))
                 for q in range(pairs):
                     x4 = ir.Constant(vf, ir.Undefined)
                     for lane in range(4):
@@ -698,7 +698,7 @@ def _x4_smmla_codegen(kind: str, ntok: int):
         for q in range(pairs):
             lo, hi = b.load(accs[0, q]), b.load(accs[1, q])
             for u in range(2):
-                v = b.shuffle_vector(lo, hi, ir.Constant(_vec(I32, 4), [u, 2 + u, 4 + u, 6 + u]))
+                v = b.shuffle_vector(lo, hi, ir.Constant(vec(I32, 4), [u, 2 + u, 4 + u, 6 + u]))
                 _store4(row, "out", row.offset("oo", "ostride", 2 * q + u), v, kind == "q4_k")
         return context.get_dummy_value()
     return codegen

@@ -47,16 +47,16 @@ I8, I16, I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 KNOBS = 15 | (4 << 8) | (3 << 16)
 
 
-def _vec(t: ir.IntType, n: int) -> ir.VectorType:
+def vec(t: ir.IntType, n: int) -> ir.VectorType:
     return ir.VectorType(t, n)
 
 
 def _splat(builder, value, t: ir.IntType, n: int):
     v = builder.trunc(value, t) if value.type.width > t.width else builder.zext(value, t) \
         if value.type.width < t.width else value
-    one = builder.insert_element(ir.Constant(_vec(t, n), ir.Undefined), v, ir.Constant(I32, 0))
-    return builder.shuffle_vector(one, ir.Constant(_vec(t, n), ir.Undefined),
-                                  ir.Constant(_vec(I32, n), [0] * n))
+    one = builder.insert_element(ir.Constant(vec(t, n), ir.Undefined), v, ir.Constant(I32, 0))
+    return builder.shuffle_vector(one, ir.Constant(vec(t, n), ir.Undefined),
+                                  ir.Constant(vec(I32, n), [0] * n))
 
 
 def x86_call(builder, name: str, ret, args):
@@ -74,13 +74,13 @@ def _vector_fn(module, base: str, vt: ir.VectorType, nargs: int, scalar_result: 
 
 def _lanes(builder, v, idx):
     """The lanes `idx` of vector v, as a new vector."""
-    return builder.shuffle_vector(v, v, ir.Constant(_vec(I32, len(idx)), list(idx)))
+    return builder.shuffle_vector(v, v, ir.Constant(vec(I32, len(idx)), list(idx)))
 
 
 def _maddubs(builder, u8, s8):
     """<2n x u8> . <2n x s8> -> <n x i16> pair sums, saturated (the form `pmaddubsw` matches)."""
     n = u8.type.count // 2
-    wide = _vec(I32, n)
+    wide = vec(I32, n)
     even = builder.mul(builder.zext(_lanes(builder, u8, range(0, 2 * n, 2)), wide),
                        builder.sext(_lanes(builder, s8, range(0, 2 * n, 2)), wide))
     odd = builder.mul(builder.zext(_lanes(builder, u8, range(1, 2 * n, 2)), wide),
@@ -88,10 +88,10 @@ def _maddubs(builder, u8, s8):
     s = builder.add(even, odd)
     s = builder.call(_vector_fn(builder.module, "llvm.smax", wide, 2), [s, ir.Constant(wide, [-32768] * n)])
     s = builder.call(_vector_fn(builder.module, "llvm.smin", wide, 2), [s, ir.Constant(wide, [32767] * n)])
-    return builder.trunc(s, _vec(I16, n))
+    return builder.trunc(s, vec(I16, n))
 
 
-class _Args:
+class Args:
     """Pointers into the numba arrays an intrinsic was given, and its run-time knobs."""
 
     def __init__(self, context, builder, sig, args):
@@ -111,11 +111,11 @@ class _Args:
         b = self.builder
         arr = self.context.make_array(self.sig.args[which])(self.context, b, self.args[which])
         idx = b.add(offset, ir.Constant(offset.type, extra))
-        ptr = b.bitcast(b.gep(arr.data, [idx]), _vec(I8, 32).as_pointer())
+        ptr = b.bitcast(b.gep(arr.data, [idx]), vec(I8, 32).as_pointer())
         return b.load(ptr, align=1)
 
 
-def _q4_k_scales_mins(builder, u0, u1, u2):
+def q4_k_scales_mins(builder, u0, u1, u2):
     """The 12 packed 6-bit scale/min bytes (as three little-endian i32) -> <16 x i8>: 8 scales,
     then 8 mins (llama.cpp's kmask unpacking of get_scale_min_k4)."""
     c = lambda v: ir.Constant(I32, v)  # noqa: E731
@@ -125,10 +125,10 @@ def _q4_k_scales_mins(builder, u0, u1, u2):
     sc_hi = b.or_(b.and_(u2, k2), b.shl(b.and_(b.lshr(u0, c(6)), k3), c(4)))
     mn_lo = b.and_(u1, k1)
     mn_hi = b.or_(b.and_(b.lshr(u2, c(4)), k2), b.shl(b.and_(b.lshr(u1, c(6)), k3), c(4)))
-    v = ir.Constant(_vec(I32, 4), ir.Undefined)
+    v = ir.Constant(vec(I32, 4), ir.Undefined)
     for i, part in enumerate((sc_lo, sc_hi, mn_lo, mn_hi)):
         v = b.insert_element(v, part, c(i))
-    return b.bitcast(v, _vec(I8, 16))
+    return b.bitcast(v, vec(I8, 16))
 
 
 # Each block asks for the cache lines PREFETCH bytes ahead of it in the weights (past the row's
@@ -154,18 +154,18 @@ def prefetch_bytes() -> int:
     return PREFETCH_INTEL if t.machine in paths.X86 and not t.cpu_name.startswith("znver") else PREFETCH
 
 
-def _prefetch(row: _Row, p, span: int):
+def prefetch(row: Row, p, span: int):
     """Prefetch the `span` bytes of weights `prefetch_bytes()` past the block at row offset p."""
     b = row.b
     fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(ir.VoidType(), [I8.as_pointer(), I32, I32, I32]),
                                         "llvm.prefetch.p0")
     ahead = prefetch_bytes()
     for off in range(0, span, 64):
-        ptr = _array_ptr(row.context, b, row.aty["row"], row.arg["row"], b.add(p, ir.Constant(I64, ahead + off)), I8)
+        ptr = array_ptr(row.context, b, row.aty["row"], row.arg["row"], b.add(p, ir.Constant(I64, ahead + off)), I8)
         b.call(fn, [ptr, ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
 
 
-def _array_ptr(context, builder, aty, aval, index, elt):
+def array_ptr(context, builder, aty, aval, index, elt):
     arr = context.make_array(aty)(context, builder, aval)
     return builder.bitcast(builder.gep(arr.data, [index]), elt.as_pointer())
 
@@ -185,38 +185,38 @@ class GroupScales:
         idx: list[int] = []
         for ga, gb in zip(groups_a, groups_b):
             idx += [self.lane(ga)] * 4 + [self.lane(gb)] * 4
-        v = builder.shuffle_vector(self.src, self.src, ir.Constant(_vec(I32, len(idx)), idx))
-        return builder.bitcast(v, _vec(I32, len(idx) // 2))
+        v = builder.shuffle_vector(self.src, self.src, ir.Constant(vec(I32, len(idx)), idx))
+        return builder.bitcast(v, vec(I32, len(idx) // 2))
 
 
-def _q4_k_unpack(a: _Args, w_arg: int, p):
+def _q4_k_unpack(a: Args, w_arg: int, p):
     """The Q4_K block at w[p]: its 8 runs of 32 quants, the <16 x i16> scale splat of each run,
     and the mins laid out against the 16 activation sums (min j in lanes 2j, 2j+1)."""
     builder = a.builder
     words = []
     for k in (4, 8, 12):
-        ptr = _array_ptr(a.context, builder, a.sig.args[w_arg], a.args[w_arg],
+        ptr = array_ptr(a.context, builder, a.sig.args[w_arg], a.args[w_arg],
                          builder.add(p, ir.Constant(p.type, k)), I32)
         words.append(builder.load(ptr, align=1))
-    packed = builder.zext(_q4_k_scales_mins(builder, *words), _vec(I16, 16))
+    packed = builder.zext(q4_k_scales_mins(builder, *words), vec(I16, 16))
     quants = []
     for c in range(4):
         q = a.load32(w_arg, p, 16 + 32 * c)
         quants.append(builder.and_(q, a.mask4))
         quants.append(builder.and_(builder.lshr(q, a.shift4), a.mask4))
-    lanes = lambda m: ir.Constant(_vec(I32, 16), m)  # noqa: E731
+    lanes = lambda m: ir.Constant(vec(I32, 16), m)  # noqa: E731
     scales = [builder.shuffle_vector(packed, packed, lanes([j] * 16)) for j in range(8)]
     mins = builder.shuffle_vector(packed, packed, lanes([8 + i // 2 for i in range(16)]))
     return quants, scales, mins, GroupScales(packed, lambda g: g // 2)
 
 
-def _q6_k_unpack(a: _Args, w_arg: int, p, sc_arg: int, g):
+def _q6_k_unpack(a: Args, w_arg: int, p, sc_arg: int, g):
     """The Q6_K block at w[p] (int8 scales at sc[g]): its 8 runs of 32 quants (0..63), the
     <16 x i16> scales of each run (run 4h + t: scale 8h + 2t in lanes 0-7, the next in 8-15),
     and -32 * the 16 scales, laid out against the 16 activation sums (the quants' offset)."""
     builder = a.builder
-    sptr = _array_ptr(a.context, builder, a.sig.args[sc_arg], a.args[sc_arg], g, _vec(I8, 16))
-    all16 = builder.sext(builder.load(sptr, align=1), _vec(I16, 16))
+    sptr = array_ptr(a.context, builder, a.sig.args[sc_arg], a.args[sc_arg], g, vec(I8, 16))
+    all16 = builder.sext(builder.load(sptr, align=1), vec(I16, 16))
     # shift amounts as splats of run-time scalars (a shift by a computed vector is emulated
     # lane by lane on x86: vpsllw/vpblendvb chains)
     four = a.shift4_scalar
@@ -229,20 +229,20 @@ def _q6_k_unpack(a: _Args, w_arg: int, p, sc_arg: int, g):
             ql = a.load32(w_arg, p, 64 * h + 32 * (t & 1))
             low = builder.and_(ql, a.mask4) if t < 2 else builder.and_(builder.lshr(ql, a.shift4), a.mask4)
             high = qh if t == 0 else builder.lshr(qh, qh_shift[t])
-            high = builder.shl(builder.and_(high, a.mask2), ir.Constant(_vec(I8, 32), [4] * 32))
+            high = builder.shl(builder.and_(high, a.mask2), ir.Constant(vec(I8, 32), [4] * 32))
             quants.append(builder.or_(low, high))
-    scales = [builder.shuffle_vector(all16, all16, ir.Constant(_vec(I32, 16), [
+    scales = [builder.shuffle_vector(all16, all16, ir.Constant(vec(I32, 16), [
         2 * r + (i >= 8) for i in range(16)])) for r in range(8)]
-    offset = builder.mul(all16, ir.Constant(_vec(I16, 16), [-32] * 16))  # |.| <= 4096
+    offset = builder.mul(all16, ir.Constant(vec(I16, 16), [-32] * 16))  # |.| <= 4096
     return quants, scales, offset, GroupScales(all16, lambda g: g)
 
 
 I64 = ir.IntType(64)
 
 
-def _sums16(a: _Args, xs_arg: int, gx):
+def _sums16(a: Args, xs_arg: int, gx):
     """A token's int16 sums of its activations per 16 values, xs[gx:gx+16], as <16 x i16>."""
-    ptr = _array_ptr(a.context, a.builder, a.sig.args[xs_arg], a.args[xs_arg], gx, _vec(I16, 16))
+    ptr = array_ptr(a.context, a.builder, a.sig.args[xs_arg], a.args[xs_arg], gx, vec(I16, 16))
     return a.builder.load(ptr, align=2)
 
 
@@ -255,20 +255,20 @@ def _token_offset(builder, base, stride, t: int):
     return builder.add(base, builder.mul(stride, ir.Constant(stride.type, t)))
 
 
-def _store(context, builder, aty, aval, index: int, value):
-    builder.store(value, _array_ptr(context, builder, aty, aval, ir.Constant(I64, index), value.type))
+def store(context, builder, aty, aval, index: int, value):
+    builder.store(value, array_ptr(context, builder, aty, aval, ir.Constant(I64, index), value.type))
 
 
 F32 = ir.FloatType()
 
 
-def _fma(builder, a, b, c):
+def fma(builder, a, b, c):
     fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(a.type, [a.type] * 3),
                                         f"llvm.fma.v{a.type.count}f32")
     return builder.call(fn, [a, b, c])
 
 
-def _sum_lanes_f32(builder, v):
+def sum_lanes_f32(builder, v):
     """Horizontal sum of an <8 x float> by halving (the order is fixed, not reassociated)."""
     while v.type.count > 1:
         n = v.type.count // 2
@@ -281,20 +281,20 @@ def _sum_lanes_f32(builder, v):
 # block (even + odd lanes of the i32 products: x86 `pmaddwd`), converted and multiplied by the
 # block's scales into an <8 x float> carried across the row's blocks, one reduction per row.
 
-def _pair_sums(builder, a16, b16):
+def pair_sums(builder, a16, b16):
     """<2n x i16> . <2n x i16> -> <n x i32> sums of adjacent products (x86 `pmaddwd`)."""
     n = a16.type.count // 2
-    wide = _vec(I32, 2 * n)
+    wide = vec(I32, 2 * n)
     products = builder.mul(builder.sext(a16, wide), builder.sext(b16, wide))
     return builder.add(_lanes(builder, products, range(0, 2 * n, 2)), _lanes(builder, products, range(1, 2 * n, 2)))
 
 
-def _splat_f32(builder, value, n: int = 8):
-    one = builder.insert_element(ir.Constant(_vec(F32, n), ir.Undefined), value, ir.Constant(I32, 0))
+def splat_f32(builder, value, n: int = 8):
+    one = builder.insert_element(ir.Constant(vec(F32, n), ir.Undefined), value, ir.Constant(I32, 0))
     return _lanes(builder, one, [0] * n)
 
 
-def _half_at(context, builder, aty, aval, index, lane: int = 0):
+def half_at(context, builder, aty, aval, index, lane: int = 0):
     """The f16 at element `index` of a uint8 array, as float32, read as lane `lane` of four f16
     lanes: the caller chooses the lane that keeps all 8 bytes inside the block."""
     # Four f16 lanes are loaded and converted as a vector: a scalar fpext became `vpinsrw $0, mem, %xmm0, %xmm1` on AVX2,
@@ -302,9 +302,9 @@ def _half_at(context, builder, aty, aval, index, lane: int = 0):
     # so each block's scale waited for the previous block's FMA (a ~25-cycle chain per Q8_0
     # block: 3.3 GB/s against 13 on AVX-512 at 3584x1024, one thread, Emerald Rapids).
     start = builder.sub(index, ir.Constant(index.type, 2 * lane)) if lane else index
-    ptr = _array_ptr(context, builder, aty, aval, start, _vec(I16, 4))
+    ptr = array_ptr(context, builder, aty, aval, start, vec(I16, 4))
     halves = builder.bitcast(builder.load(ptr, align=1), ir.VectorType(ir.HalfType(), 4))
-    return builder.extract_element(builder.fpext(halves, _vec(F32, 4)), ir.Constant(I32, lane))
+    return builder.extract_element(builder.fpext(halves, vec(F32, 4)), ir.Constant(I32, lane))
 
 
 _K_ROW = ("row", "nb", "xq", "xd", "xs", "knobs")
@@ -313,7 +313,7 @@ _Q8_0_ROW = ("row", "nb", "xq", "xd")
 _Q8_0_TILE = ("row", "nb", "xq", "xo", "xstride", "xd", "do", "dstride", "res")
 
 
-class _Row:
+class Row:
     """The arguments of a row intrinsic by name, and token t's offsets into the activations."""
 
     def __init__(self, context, builder, signature, args, names, ntok: int):
@@ -328,42 +328,42 @@ class _Row:
     def load(self, name: str, index, elt, align: int | None = None):
         """Array `name` at element `index`, read as `elt` (give `align` for vectors: numba
         arrays guarantee only their element's alignment)."""
-        return self.b.load(_array_ptr(self.context, self.b, self.aty[name], self.arg[name], index, elt), align=align)
+        return self.b.load(array_ptr(self.context, self.b, self.aty[name], self.arg[name], index, elt), align=align)
 
     def half(self, index, lane: int = 0):
-        return _half_at(self.context, self.b, self.aty["row"], self.arg["row"], index, lane)
+        return half_at(self.context, self.b, self.aty["row"], self.arg["row"], index, lane)
 
 
-def _row_codegen(names, ntok: int, block, lanes: int = 8):
+def row_codegen(names, ntok: int, block, lanes: int = 8):
     """Codegen of a row intrinsic: `block(row, a, i, accs)` adds block i of the row times each
     token's activations into the tokens' <lanes x float> accumulators (allocas); after the last
     block, one horizontal sum per token (returned for one token, else stored to `res`)."""
     def codegen(context, builder, signature, args):
         b = builder
-        row = _Row(context, b, signature, args, names, ntok)
-        a = _Args(context, b, signature, args) if "knobs" in names else None
-        vf = _vec(F32, lanes)
+        row = Row(context, b, signature, args, names, ntok)
+        a = Args(context, b, signature, args) if "knobs" in names else None
+        vf = vec(F32, lanes)
         accs = [cgutils.alloca_once_value(b, ir.Constant(vf, [0.0] * lanes)) for _ in range(ntok)]
         with cgutils.for_range(b, row.arg["nb"]) as loop:
             i = b.sext(loop.index, I64) if loop.index.type.width < 64 else loop.index
             block(row, a, i, accs)
-        totals = [_sum_lanes_f32(b, b.load(acc)) for acc in accs]
+        totals = [sum_lanes_f32(b, b.load(acc)) for acc in accs]
         if ntok == 1:
             return totals[0]
         for t, total in enumerate(totals):
-            _store(context, b, row.aty["res"], row.arg["res"], t, total)
+            store(context, b, row.aty["res"], row.arg["res"], t, total)
         return context.get_dummy_value()
 
     return codegen
 
 
-def _accumulate(b, acc_ptr, isum, scale):
+def accumulate(b, acc_ptr, isum, scale):
     """acc += float(isum) * splat(scale), for an <n x i32> isum and an <n x float> acc."""
     n = isum.type.count
-    b.store(_fma(b, b.sitofp(isum, _vec(F32, n)), _splat_f32(b, scale, n), b.load(acc_ptr)), acc_ptr)
+    b.store(fma(b, b.sitofp(isum, vec(F32, n)), splat_f32(b, scale, n), b.load(acc_ptr)), acc_ptr)
 
 
-def k_row_block(kind: str, row: _Row, a: _Args, i):
+def k_row_block(kind: str, row: Row, a: Args, i):
     """Block i of a Q4_K / Q6_K row as eight 32-byte runs (prefetching ahead): (quants, the
     runs' scale vectors, Q4_K's mins or Q6_K's -32 offset against the activation sums, the
     GroupScales, d, Q4_K's dmin or None)."""
@@ -371,11 +371,11 @@ def k_row_block(kind: str, row: _Row, a: _Args, i):
     i64 = lambda v: ir.Constant(I64, v)  # noqa: E731
     if kind == "q4_k":
         p = b.mul(i, i64(144))
-        _prefetch(row, p, 144)
+        prefetch(row, p, 144)
         quants, scales, mins, groups = _q4_k_unpack(a, row.ix["row"], p)
         return quants, scales, mins, groups, row.half(p), row.half(b.add(p, i64(2)))
     p = b.mul(i, i64(210))
-    _prefetch(row, p, 210)
+    prefetch(row, p, 210)
     quants, scales, offset, groups = _q6_k_unpack(a, row.ix["row"], p, row.ix["row"], b.add(p, i64(192)))
     return quants, scales, offset, groups, row.half(b.add(p, i64(208)), lane=3), None
 
@@ -389,16 +389,16 @@ def _k_block(kind: str):
         for t in range(row.ntok):
             o = b.add(row.offset("xo", "xstride", t), b.mul(i, i64(256)))
             sums = _sums16(a, row.ix["xs"], b.add(row.offset("so", "sstride", t), b.mul(i, i64(16))))
-            isum = ir.Constant(_vec(I32, 8), [0] * 8)
+            isum = ir.Constant(vec(I32, 8), [0] * 8)
             for j, (q, sv) in enumerate(zip(quants, scales)):
                 p16 = b.xor(_maddubs(b, q, a.load32(row.ix["xq"], o, 32 * j)), a.zero16)
-                isum = b.add(isum, _pair_sums(b, p16, sv))
+                isum = b.add(isum, pair_sums(b, p16, sv))
             xd = row.load("xd", b.add(row.offset("do", "dstride", t), i), F32)
             if kind == "q4_k":
-                _accumulate(b, accs[t], isum, b.fmul(d, xd))
-                _accumulate(b, accs[t], _pair_sums(b, sums, by_sums), b.fsub(ir.Constant(F32, 0.0), b.fmul(dmin, xd)))
+                accumulate(b, accs[t], isum, b.fmul(d, xd))
+                accumulate(b, accs[t], pair_sums(b, sums, by_sums), b.fsub(ir.Constant(F32, 0.0), b.fmul(dmin, xd)))
             else:
-                _accumulate(b, accs[t], b.add(isum, _pair_sums(b, sums, by_sums)), b.fmul(d, xd))
+                accumulate(b, accs[t], b.add(isum, pair_sums(b, sums, by_sums)), b.fmul(d, xd))
     return block
 
 
@@ -408,16 +408,16 @@ def _q8_0_block(row, a, i, accs):
     lanes (x86 `pmaddwd`), the weights widened once for all tokens."""
     b = row.b
     p = b.mul(i, ir.Constant(I64, 34))
-    _prefetch(row, p, 34)
+    prefetch(row, p, 34)
     d = row.half(p)
-    weights = b.sext(row.load("row", b.add(p, ir.Constant(I64, 2)), _vec(I8, 32), align=1), _vec(I32, 32))
+    weights = b.sext(row.load("row", b.add(p, ir.Constant(I64, 2)), vec(I8, 32), align=1), vec(I32, 32))
     for t in range(row.ntok):
         o = b.add(row.offset("xo", "xstride", t), b.mul(i, ir.Constant(I64, 32)))
-        products = b.mul(weights, b.sext(row.load("xq", o, _vec(I16, 32), align=2), _vec(I32, 32)))
+        products = b.mul(weights, b.sext(row.load("xq", o, vec(I16, 32), align=2), vec(I32, 32)))
         pairs = b.add(_lanes(b, products, range(0, 32, 2)), _lanes(b, products, range(1, 32, 2)))
         block_sums = b.add(_lanes(b, pairs, range(8)), _lanes(b, pairs, range(8, 16)))
         xd = row.load("xd", b.add(row.offset("do", "dstride", t), i), F32)
-        _accumulate(b, accs[t], block_sums, b.fmul(d, xd))
+        accumulate(b, accs[t], block_sums, b.fmul(d, xd))
 
 
 # ----------------------------------------------------------------------------- several tokens
@@ -437,16 +437,16 @@ WIDE_TILE = 4
 def _both_halves(b, v32, shifts):
     """<32 x i8> v32 -> <64 x i8> [v32 >> shifts[0], v32 >> shifts[1]] (per-byte shifts done in
     16-bit lanes: the caller masks away the bits that cross from the neighbouring byte)."""
-    v = b.shuffle_vector(v32, v32, ir.Constant(_vec(I32, 64), list(range(32)) * 2))
+    v = b.shuffle_vector(v32, v32, ir.Constant(vec(I32, 64), list(range(32)) * 2))
     if shifts == (0, 0):
         return v
-    amounts = ir.Constant(_vec(I16, 32), [shifts[0]] * 16 + [shifts[1]] * 16)
-    return b.bitcast(b.lshr(b.bitcast(v, _vec(I16, 32)), amounts), _vec(I8, 64))
+    amounts = ir.Constant(vec(I16, 32), [shifts[0]] * 16 + [shifts[1]] * 16)
+    return b.bitcast(b.lshr(b.bitcast(v, vec(I16, 32)), amounts), vec(I8, 64))
 
 
-def _widen8(b, v8):
+def widen8(b, v8):
     """<8 x i32> -> <16 x i32> with zeros in the upper lanes."""
-    return b.shuffle_vector(v8, ir.Constant(v8.type, [0] * 8), ir.Constant(_vec(I32, 16), list(range(16))))
+    return b.shuffle_vector(v8, ir.Constant(v8.type, [0] * 8), ir.Constant(vec(I32, 16), list(range(16))))
 
 
 class WideBlock:
@@ -458,7 +458,7 @@ class WideBlock:
         self.quants, self.groups, self.d, self.offset = quants, groups, d, offset
 
 
-def wide_unpack(kind: str, row: _Row, a: _Args, i) -> WideBlock:
+def wide_unpack(kind: str, row: Row, a: Args, i) -> WideBlock:
     """Unpack block i of the row: per 32 bytes one load, broadcast to both halves of a 64-byte
     vector and shifted per 16-bit lane (`_both_halves`: one vector for two runs)."""
     b = row.b
@@ -468,45 +468,45 @@ def wide_unpack(kind: str, row: _Row, a: _Args, i) -> WideBlock:
     quants = []
     if kind == "q4_k":
         p = b.mul(i, i64(144))
-        _prefetch(row, p, 144)
+        prefetch(row, p, 144)
         words = [row.load("row", b.add(p, i64(k)), I32, align=1) for k in (4, 8, 12)]
-        packed = b.zext(_q4_k_scales_mins(b, *words), _vec(I16, 16))
+        packed = b.zext(q4_k_scales_mins(b, *words), vec(I16, 16))
         for c in range(4):
-            q = row.load("row", b.add(p, i64(16 + 32 * c)), _vec(I8, 32), align=1)
+            q = row.load("row", b.add(p, i64(16 + 32 * c)), vec(I8, 32), align=1)
             quants.append(b.and_(_both_halves(b, q, (0, 4)), mask4))
         return WideBlock(quants, GroupScales(packed, lambda g: g // 2), row.half(p), None)
     p = b.mul(i, i64(210))
-    _prefetch(row, p, 210)
-    sptr = _array_ptr(row.context, b, row.aty["row"], row.arg["row"], b.add(p, i64(192)), _vec(I8, 16))
-    all16 = b.sext(b.load(sptr, align=1), _vec(I16, 16))
+    prefetch(row, p, 210)
+    sptr = array_ptr(row.context, b, row.aty["row"], row.arg["row"], b.add(p, i64(192)), vec(I8, 16))
+    all16 = b.sext(b.load(sptr, align=1), vec(I16, 16))
     four = _splat(b, a.shift4_scalar, I8, 64)
     for h in range(2):
-        ql = row.load("row", b.add(p, i64(64 * h)), _vec(I8, 64), align=1)
-        qh = row.load("row", b.add(p, i64(128 + 32 * h)), _vec(I8, 32), align=1)
+        ql = row.load("row", b.add(p, i64(64 * h)), vec(I8, 64), align=1)
+        qh = row.load("row", b.add(p, i64(128 + 32 * h)), vec(I8, 32), align=1)
         for k, low in enumerate((b.and_(ql, mask4), b.and_(b.lshr(ql, four), mask4))):
             high = b.and_(_both_halves(b, qh, (4 * k, 4 * k + 2)), mask2)
-            quants.append(b.or_(low, b.shl(high, ir.Constant(_vec(I8, 64), [4] * 64))))
-    offset = b.mul(all16, ir.Constant(_vec(I16, 16), [-32] * 16))  # the quants' -32, |.| <= 4096
+            quants.append(b.or_(low, b.shl(high, ir.Constant(vec(I8, 64), [4] * 64))))
+    offset = b.mul(all16, ir.Constant(vec(I16, 16), [-32] * 16))  # the quants' -32, |.| <= 4096
     return WideBlock(quants, GroupScales(all16, lambda g: g), row.half(b.add(p, i64(208)), lane=3), offset)
 
 
-def token_sums(row: _Row, a: _Args, i, t: int):
+def token_sums(row: Row, a: Args, i, t: int):
     """Token t's int16 activation sums per 16 values of block i, <16 x i16>."""
     b = row.b
     return _sums16(a, row.ix["xs"], b.add(row.offset("so", "sstride", t), b.mul(i, ir.Constant(I64, 16))))
 
 
-def token_scale(row: _Row, blk: WideBlock, i, t: int):
+def token_scale(row: Row, blk: WideBlock, i, t: int):
     """d of the weight block times token t's Q8_K block scale."""
     xd = row.load("xd", row.b.add(row.offset("do", "dstride", t), i), F32)
     return row.b.fmul(blk.d, xd)
 
 
-def token_values(row: _Row, i, t: int, c: int, nbytes: int):
+def token_values(row: Row, i, t: int, c: int, nbytes: int):
     """Token t's int8 activations c*nbytes .. of block i, <nbytes x i8>."""
     b = row.b
     o = b.add(row.offset("xo", "xstride", t), b.mul(i, ir.Constant(I64, 256)))
-    return row.load("xq", b.add(o, ir.Constant(I64, nbytes * c)), _vec(I8, nbytes), align=1)
+    return row.load("xq", b.add(o, ir.Constant(I64, nbytes * c)), vec(I8, nbytes), align=1)
 
 
 def _k_block_wide(kind: str):
@@ -521,16 +521,16 @@ def _k_block_wide(kind: str):
         b = row.b
         blk = wide_unpack(kind, row, a, i)
         g = blk.groups
-        scales = [b.shuffle_vector(g.src, g.src, ir.Constant(_vec(I32, 32), [g.lane(4 * c + j // 8) for j in range(32)]))
+        scales = [b.shuffle_vector(g.src, g.src, ir.Constant(vec(I32, 32), [g.lane(4 * c + j // 8) for j in range(32)]))
                   for c in range(4)]
         for t in range(row.ntok):
             isum = None
             for c, (q, sv) in enumerate(zip(blk.quants, scales)):
-                part = _pair_sums(b, _maddubs(b, q, token_values(row, i, t, c, 64)), sv)
+                part = pair_sums(b, _maddubs(b, q, token_values(row, i, t, c, 64)), sv)
                 isum = part if isum is None else b.add(isum, part)
             if blk.offset is not None:
-                isum = b.add(isum, _widen8(b, _pair_sums(b, token_sums(row, a, i, t), blk.offset)))
-            _accumulate(b, accs[t], isum, token_scale(row, blk, i, t))
+                isum = b.add(isum, widen8(b, pair_sums(b, token_sums(row, a, i, t), blk.offset)))
+            accumulate(b, accs[t], isum, token_scale(row, blk, i, t))
     return block
 
 
@@ -604,21 +604,21 @@ def q4_k_row_dot(typingctx, row, nb, xq, xd, xs, knobs):
     """The Q4_K row (nb blocks) times one token's Q8_K activations (xq int8, xd block scales, xs
     int16 sums per 16 values), as float32."""
     block, lanes = _row_block("q4_k")
-    return types.float32(row, nb, xq, xd, xs, knobs), _row_codegen(_K_ROW, 1, block, lanes=lanes)
+    return types.float32(row, nb, xq, xd, xs, knobs), row_codegen(_K_ROW, 1, block, lanes=lanes)
 
 
 @intrinsic
 def q6_k_row_dot(typingctx, row, nb, xq, xd, xs, knobs):
     """`q4_k_row_dot` for a Q6_K row."""
     block, lanes = _row_block("q6_k")
-    return types.float32(row, nb, xq, xd, xs, knobs), _row_codegen(_K_ROW, 1, block, lanes=lanes)
+    return types.float32(row, nb, xq, xd, xs, knobs), row_codegen(_K_ROW, 1, block, lanes=lanes)
 
 
 @intrinsic
 def q5_k_row_dot(typingctx, row, nb, xq, xd, xs, knobs):
     """`q4_k_row_dot` for a Q5_K row: arm64 with dot products only (arm_neon.py)."""
     block, lanes = _row_block("q5_k")
-    return types.float32(row, nb, xq, xd, xs, knobs), _row_codegen(_K_ROW, 1, block, lanes=lanes)
+    return types.float32(row, nb, xq, xd, xs, knobs), row_codegen(_K_ROW, 1, block, lanes=lanes)
 
 
 @intrinsic
@@ -627,7 +627,7 @@ def q4_k_row_dot_tile(typingctx, row, nb, xq, xo, xstride, xd, do, dstride, xs, 
     xq[xo + t*xstride:], block scales at xd[do + t*dstride:], sums at xs[so + t*sstride:]."""
     sig = types.void(row, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res, knobs)
     block, lanes = _tile_block("q4_k")
-    return sig, _row_codegen(_K_TILE, WIDE_TILE, block, lanes=lanes)
+    return sig, row_codegen(_K_TILE, WIDE_TILE, block, lanes=lanes)
 
 
 @intrinsic
@@ -635,7 +635,7 @@ def q6_k_row_dot_tile(typingctx, row, nb, xq, xo, xstride, xd, do, dstride, xs, 
     """`q4_k_row_dot_tile` for a Q6_K row."""
     sig = types.void(row, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res, knobs)
     block, lanes = _tile_block("q6_k")
-    return sig, _row_codegen(_K_TILE, WIDE_TILE, block, lanes=lanes)
+    return sig, row_codegen(_K_TILE, WIDE_TILE, block, lanes=lanes)
 
 
 @intrinsic
@@ -643,7 +643,7 @@ def q5_k_row_dot_tile(typingctx, row, nb, xq, xo, xstride, xd, do, dstride, xs, 
     """`q4_k_row_dot_tile` for a Q5_K row: arm64 with dot products only (arm_neon.py)."""
     sig = types.void(row, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res, knobs)
     block, lanes = _tile_block("q5_k")
-    return sig, _row_codegen(_K_TILE, WIDE_TILE, block, lanes=lanes)
+    return sig, row_codegen(_K_TILE, WIDE_TILE, block, lanes=lanes)
 
 
 @intrinsic
@@ -651,7 +651,7 @@ def q8_0_row_dot(typingctx, row, nb, xq, xd):
     """The Q8_0 row (nb blocks) times one token's Q8_0 activations (xq int8 values as int16, xd
     block scales), as float32."""
     block, lanes = _row_block("q8_0")
-    return types.float32(row, nb, xq, xd), _row_codegen(_Q8_0_ROW, 1, block, lanes=lanes)
+    return types.float32(row, nb, xq, xd), row_codegen(_Q8_0_ROW, 1, block, lanes=lanes)
 
 
 @intrinsic
@@ -660,4 +660,4 @@ def q8_0_row_dot_tile(typingctx, row, nb, xq, xo, xstride, xd, do, dstride, res)
     xq[xo + t*xstride:], block scales at xd[do + t*dstride:])."""
     sig = types.void(row, nb, xq, xo, xstride, xd, do, dstride, res)
     block, lanes = _q8_0_tile_block()
-    return sig, _row_codegen(_Q8_0_TILE, TILE, block, lanes=lanes)
+    return sig, row_codegen(_Q8_0_TILE, TILE, block, lanes=lanes)

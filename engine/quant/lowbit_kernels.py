@@ -47,7 +47,7 @@ _G3S = np.ascontiguousarray(iq_grid(T.IQ3_S)).copy()
 _G3XXS = np.ascontiguousarray(iq_grid(T.IQ3_XXS)).copy()
 _KS = ksigns().copy()
 # the IQ3_S lattice rows as one little-endian uint32 each (the integer rows load a row at a time)
-_G3S_U32 = np.ascontiguousarray(_G3S).view("<u4").reshape(-1).copy()
+G3S_U32 = np.ascontiguousarray(_G3S).view("<u4").reshape(-1).copy()
 
 
 # ----------------------------------------------------------------------------- Q2_K (84 bytes)
@@ -369,7 +369,7 @@ def _mv_iq4_xs_q8(w, xq, xd, xs16, out):
 def _mv_iq3_s_q8(w, xq, xd, xs16, out):
     nb = xd.shape[0]
     for r in prange(w.shape[0]):
-        out[r] = iq3_s_row_dot(w[r], nb, xq, xd, _G3S_U32)
+        out[r] = iq3_s_row_dot(w[r], nb, xq, xd, G3S_U32)
 
 
 @njit(**_MV)
@@ -399,7 +399,7 @@ def _tile_rows(w, xq, xd, xs16, out, kind):
         res = np.empty(TILE, np.float32)
         for t0 in range(0, tp, TILE):
             for r in range(c * _ROW_CHUNK, min(rows, (c + 1) * _ROW_CHUNK)):
-                args = (w[r], nb, xq, t0 * cols, cols, xd, t0 * nb, nb, xs16, t0 * cols // 16, cols // 16, res, _G3S_U32)
+                args = (w[r], nb, xq, t0 * cols, cols, xd, t0 * nb, nb, xs16, t0 * cols // 16, cols // 16, res, G3S_U32)
                 if kind == 0:
                     q2_k_row_dot_tile(*args)
                 elif kind == 1:

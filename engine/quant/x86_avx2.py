@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from engine.quant.int8_dot import (F32, I8, I16, I32, I64, _accumulate, _pair_sums, _vec, k_row_block, register_bodies,
+from engine.quant.int8_dot import (F32, I8, I16, I32, I64, accumulate, pair_sums, vec, k_row_block, register_bodies,
                                    token_sums, x86_call)
 
 
@@ -27,12 +27,12 @@ def tile_block(kind: str, vnni: bool):
         i64 = lambda v: ir.Constant(I64, v)  # noqa: E731
         quants, scales, by_sums, groups, d, _ = k_row_block(kind, row, a, i)
         offset = by_sums if kind == "q6_k" else None  # Q4_K's mins: the caller's
-        v8 = _vec(I32, 8)
+        v8 = vec(I32, 8)
         zero = ir.Constant(v8, [0] * 8)
         offs = [b.add(row.offset("xo", "xstride", t), b.mul(i, i64(256))) for t in range(row.ntok)]
 
         def x_run(t, j):
-            return row.load("xq", b.add(offs[t], i64(32 * j)), _vec(I8, 32), align=1)
+            return row.load("xq", b.add(offs[t], i64(32 * j)), vec(I8, 32), align=1)
 
         isums = [zero] * row.ntok
         if vnni:
@@ -43,19 +43,19 @@ def tile_block(kind: str, vnni: bool):
                 for t in range(row.ntok):
                     da = x86_call(b, "llvm.x86.avx512.vpdpbusd.256", v8, [zero, qa, b.bitcast(x_run(t, ja), v8)])
                     db = x86_call(b, "llvm.x86.avx512.vpdpbusd.256", v8, [zero, qb, b.bitcast(x_run(t, jb), v8)])
-                    narrow = x86_call(b, "llvm.x86.avx2.packssdw", _vec(I16, 16), [da, db])
+                    narrow = x86_call(b, "llvm.x86.avx2.packssdw", vec(I16, 16), [da, db])
                     isums[t] = x86_call(b, "llvm.x86.avx512.vpdpwssd.256", v8, [isums[t], b.bitcast(narrow, v8), sv])
         else:
             for j in range(8):
                 for t in range(row.ntok):
-                    p16 = x86_call(b, "llvm.x86.avx2.pmadd.ub.sw", _vec(I16, 16), [quants[j], x_run(t, j)])
+                    p16 = x86_call(b, "llvm.x86.avx2.pmadd.ub.sw", vec(I16, 16), [quants[j], x_run(t, j)])
                     isums[t] = b.add(isums[t], x86_call(b, "llvm.x86.avx2.pmadd.wd", v8, [p16, scales[j]]))
         for t in range(row.ntok):
             isum = isums[t]
             if offset is not None:
-                isum = b.add(isum, _pair_sums(b, token_sums(row, a, i, t), offset))
+                isum = b.add(isum, pair_sums(b, token_sums(row, a, i, t), offset))
             xd = row.load("xd", b.add(row.offset("do", "dstride", t), i), F32)
-            _accumulate(b, accs[t], isum, b.fmul(d, xd))
+            accumulate(b, accs[t], isum, b.fmul(d, xd))
     return block
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from engine.quant.int8_dot import (I16, I32, _accumulate, _vec, _widen8, _pair_sums, register_bodies, token_scale,
+from engine.quant.int8_dot import (I16, I32, accumulate, vec, widen8, pair_sums, register_bodies, token_scale,
                                    token_sums, token_values, wide_unpack, x86_call)
 
 
@@ -32,7 +32,7 @@ def tile_block(kind: str, vnni: bool):
         b = row.b
         blk = wide_unpack(kind, row, a, i)
         g = blk.groups
-        v16 = _vec(I32, 16)
+        v16 = vec(I32, 16)
         zero = ir.Constant(v16, [0] * 16)
         if vnni:
             # vector c's 128-bit lane L holds the sums of value group 4c + L
@@ -41,7 +41,7 @@ def tile_block(kind: str, vnni: bool):
                        for ca, cb in pairs]
             qv = [b.bitcast(q, v16) for q in blk.quants]
         else:
-            scales = [b.bitcast(b.shuffle_vector(g.src, g.src, ir.Constant(_vec(I32, 32),
+            scales = [b.bitcast(b.shuffle_vector(g.src, g.src, ir.Constant(vec(I32, 32),
                                                  [g.lane(4 * c + j // 8) for j in range(32)])), v16)
                       for c in range(4)]
         for t in range(row.ntok):
@@ -51,17 +51,17 @@ def tile_block(kind: str, vnni: bool):
                         for c in range(4)]
                 isum = zero
                 for (ca, cb), sv in zip(pairs, pscales):
-                    narrow = x86_call(b, "llvm.x86.avx512.packssdw.512", _vec(I16, 32), [dots[ca], dots[cb]])
+                    narrow = x86_call(b, "llvm.x86.avx512.packssdw.512", vec(I16, 32), [dots[ca], dots[cb]])
                     isum = x86_call(b, "llvm.x86.avx512.vpdpwssd.512", v16, [isum, b.bitcast(narrow, v16), sv])
             else:
                 isum = None
                 for c in range(4):
-                    p16 = x86_call(b, "llvm.x86.avx512.pmaddubs.w.512", _vec(I16, 32), [blk.quants[c], xs[c]])
-                    part = x86_call(b, "llvm.x86.avx512.pmaddw.d.512", v16, [p16, b.bitcast(scales[c], _vec(I16, 32))])
+                    p16 = x86_call(b, "llvm.x86.avx512.pmaddubs.w.512", vec(I16, 32), [blk.quants[c], xs[c]])
+                    part = x86_call(b, "llvm.x86.avx512.pmaddw.d.512", v16, [p16, b.bitcast(scales[c], vec(I16, 32))])
                     isum = part if isum is None else b.add(isum, part)
             if blk.offset is not None:
-                isum = b.add(isum, _widen8(b, _pair_sums(b, token_sums(row, a, i, t), blk.offset)))
-            _accumulate(b, accs[t], isum, token_scale(row, blk, i, t))
+                isum = b.add(isum, widen8(b, pair_sums(b, token_sums(row, a, i, t), blk.offset)))
+            accumulate(b, accs[t], isum, token_scale(row, blk, i, t))
     return block
 
 

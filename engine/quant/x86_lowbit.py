@@ -3,7 +3,7 @@
 Q2_K, Q3_K, Q5_K (the Q3_K_M / IQ4_XS mixes' attn_v and ffn_down), IQ4_XS and IQ3_S times Q8_K activations, IQ4_NL times Q8_0 activations (int8 +
 f32 scale per 32, `activations.quantize_q8_0` into an int8 array): llama.cpp's AVX2 scheme
 (ggml-cpu/arch/x86/quants.c), one 256-bit vector per run of 32 weights, an <8 x float>
-accumulator carried across the row and one horizontal sum per row (int8_dot._row_codegen).
+accumulator carried across the row and one horizontal sum per row (int8_dot.row_codegen).
 The instructions are named (`x86_call`), so no InstCombine rewrite can lose them (int8_dot.py's
 generic IR needed run-time knobs for that). Every x86 level from AVX2 up runs these same
 256-bit rows: decode streams the weights from DRAM and a 512-bit body would wait on the same
@@ -36,14 +36,14 @@ from numba.core import cgutils
 from numba import types
 from numba.extending import intrinsic
 
-from engine.quant.int8_dot import (F32, I8, I16, I32, I64, WIDE_TILE, _accumulate, _array_ptr,
-                                   _fma, _prefetch, _q4_k_scales_mins, _Row, _row_codegen, _splat_f32, _store,
-                                   _sum_lanes_f32, _vec, x86_call)
+from engine.quant.int8_dot import (F32, I8, I16, I32, I64, WIDE_TILE, accumulate, array_ptr,
+                                   fma, prefetch, q4_k_scales_mins, Row, row_codegen, splat_f32, store,
+                                   sum_lanes_f32, vec, x86_call)
 from engine.quant.lowbit import IQ4_LEVELS
 
-V8 = _vec(I8, 32)
-W16 = _vec(I16, 16)
-D32 = _vec(I32, 8)
+V8 = vec(I8, 32)
+W16 = vec(I16, 16)
+D32 = vec(I32, 8)
 
 
 def _c64(v: int):
@@ -75,13 +75,13 @@ def _pshufb(b, table, idx):
 
 
 def _splat16(b, scalar_i32, n: int = 16):
-    v = b.insert_element(ir.Constant(_vec(I16, n), ir.Undefined), b.trunc(scalar_i32, I16), ir.Constant(I32, 0))
-    return b.shuffle_vector(v, ir.Constant(_vec(I16, n), ir.Undefined), ir.Constant(_vec(I32, n), [0] * n))
+    v = b.insert_element(ir.Constant(vec(I16, n), ir.Undefined), b.trunc(scalar_i32, I16), ir.Constant(I32, 0))
+    return b.shuffle_vector(v, ir.Constant(vec(I16, n), ir.Undefined), ir.Constant(vec(I32, n), [0] * n))
 
 
 def _lane_splat(b, v16, lanes: list[int]):
     """<16 x i16> from lanes of the <16 x i16> v16 (a run's scales laid out against its pairs)."""
-    return b.shuffle_vector(v16, v16, ir.Constant(_vec(I32, len(lanes)), lanes))
+    return b.shuffle_vector(v16, v16, ir.Constant(vec(I32, len(lanes)), lanes))
 
 
 def _run_scales(b, all16, r: int):
@@ -97,10 +97,10 @@ def _levels_table():
 
 def _iq4_lookup(b, q16):
     """16 packed bytes -> their 32 signed levels: low nibbles (values 0-15) then high (16-31)."""
-    m4 = ir.Constant(_vec(I8, 16), [15] * 16)
+    m4 = ir.Constant(vec(I8, 16), [15] * 16)
     lo = b.and_(q16, m4)
-    hi = b.and_(b.lshr(q16, ir.Constant(_vec(I8, 16), [4] * 16)), m4)
-    idx = b.shuffle_vector(lo, hi, ir.Constant(_vec(I32, 32), list(range(32))))
+    hi = b.and_(b.lshr(q16, ir.Constant(vec(I8, 16), [4] * 16)), m4)
+    idx = b.shuffle_vector(lo, hi, ir.Constant(vec(I32, 32), list(range(32))))
     return _pshufb(b, _levels_table(), idx)
 
 
@@ -144,9 +144,9 @@ def _token_dot(row, blk: _Block, i, t: int, values_per_block: int, accs) -> None
         sums = row.load("xs", b.add(row.offset("so", "sstride", t), b.mul(i, _c64(16))), W16, align=2)
     if blk.by_sums is not None and blk.dmin is None:
         isum = b.add(isum, _madd(b, sums, blk.by_sums))
-    _accumulate(b, accs[t], isum, b.fmul(blk.d, xd))
+    accumulate(b, accs[t], isum, b.fmul(blk.d, xd))
     if blk.dmin is not None:
-        _accumulate(b, accs[t], _madd(b, sums, blk.by_sums), b.fsub(ir.Constant(F32, 0.0), b.fmul(blk.dmin, xd)))
+        accumulate(b, accs[t], _madd(b, sums, blk.by_sums), b.fsub(ir.Constant(F32, 0.0), b.fmul(blk.dmin, xd)))
 
 
 def _signed_run(b, w, scales) -> _Run:
@@ -160,11 +160,11 @@ def _q2_k_unpack(row, i) -> _Block:
     # Value 128h + 32s + l: (qs[32h + l] >> 2s) & 3, scale and min j = value // 16
     b = row.b
     p = b.mul(i, _c64(84))
-    _prefetch(row, p, 84)
+    prefetch(row, p, 84)
     d, dmin = row.half(b.add(p, _c64(80)), lane=2), row.half(b.add(p, _c64(82)), lane=3)  # inside the block
-    sc = row.load("row", p, _vec(I8, 16), align=1)
-    scales = b.zext(b.and_(sc, ir.Constant(_vec(I8, 16), [15] * 16)), W16)
-    mins = b.zext(b.lshr(sc, ir.Constant(_vec(I8, 16), [4] * 16)), W16)
+    sc = row.load("row", p, vec(I8, 16), align=1)
+    scales = b.zext(b.and_(sc, ir.Constant(vec(I8, 16), [15] * 16)), W16)
+    mins = b.zext(b.lshr(sc, ir.Constant(vec(I8, 16), [4] * 16)), W16)
     runs = []
     for h in range(2):
         qs = row.load("row", b.add(p, _c64(16 + 32 * h)), V8, align=1)
@@ -174,7 +174,7 @@ def _q2_k_unpack(row, i) -> _Block:
     return _Block(runs, d, mins, dmin)
 
 
-def _q3_k_scales(b, u0, u1, u2):
+def q3_k_scales(b, u0, u1, u2):
     """The 12 packed 6-bit scale bytes (three little-endian i32) -> <16 x i8> scales - 32
     (llama.cpp's kmask1/kmask2 unpacking: scale j's low nibble in nibble j // 8 of byte j % 8,
     its top 2 bits at bit 2 * (j // 4) of byte 8 + j % 4)."""
@@ -186,10 +186,10 @@ def _q3_k_scales(b, u0, u1, u2):
         b.or_(b.and_(b.lshr(u0, c(4)), k2), b.shl(b.and_(b.lshr(u2, c(4)), k1), c(4))),
         b.or_(b.and_(b.lshr(u1, c(4)), k2), b.shl(b.and_(b.lshr(u2, c(6)), k1), c(4))),
     )
-    v = ir.Constant(_vec(I32, 4), ir.Undefined)
+    v = ir.Constant(vec(I32, 4), ir.Undefined)
     for k, part in enumerate(parts):
         v = b.insert_element(v, part, c(k))
-    return b.sub(b.bitcast(v, _vec(I8, 16)), ir.Constant(_vec(I8, 16), [32] * 16))
+    return b.sub(b.bitcast(v, vec(I8, 16)), ir.Constant(vec(I8, 16), [32] * 16))
 
 
 def _q3_k_unpack(row, i) -> _Block:
@@ -197,10 +197,10 @@ def _q3_k_unpack(row, i) -> _Block:
     # + 4 * (bit 4h + s of hmask[l]) - 4, scale j = value // 16
     b = row.b
     p = b.mul(i, _c64(110))
-    _prefetch(row, p, 110)
+    prefetch(row, p, 110)
     d = row.half(b.add(p, _c64(108)), lane=3)
     words = [row.load("row", b.add(p, _c64(k)), I32, align=1) for k in (96, 100, 104)]
-    all16 = b.sext(_q3_k_scales(b, *words), W16)
+    all16 = b.sext(q3_k_scales(b, *words), W16)
     hm = row.load("row", p, V8, align=1)
     runs = []
     for h in range(2):
@@ -220,9 +220,9 @@ def _q5_k_unpack(row, i) -> _Block:
     # scale and min r
     b = row.b
     p = b.mul(i, _c64(176))
-    _prefetch(row, p, 176)
+    prefetch(row, p, 176)
     words = [row.load("row", b.add(p, _c64(k)), I32, align=1) for k in (4, 8, 12)]
-    packed = b.zext(_q4_k_scales_mins(b, *words), W16)  # lanes 0-7 scales, 8-15 mins
+    packed = b.zext(q4_k_scales_mins(b, *words), W16)  # lanes 0-7 scales, 8-15 mins
     qh = row.load("row", b.add(p, _c64(16)), V8, align=1)
     runs = []
     for c in range(4):
@@ -246,18 +246,18 @@ def _iq4_xs_unpack(row, i) -> _Block:
     # low nibbles values 0-15, high 16-31); scale j = (nibble j of scales_l | 2 bits j of scales_h << 4) - 32
     b = row.b
     p = b.mul(i, _c64(136))
-    _prefetch(row, p, 136)
+    prefetch(row, p, 136)
     d = row.half(p)
     sh = b.zext(row.load("row", b.add(p, _c64(2)), I16, align=1), I32)
     sl = row.load("row", b.add(p, _c64(4)), I32, align=1)
     shv = b.and_(b.lshr(_splat_i32(b, sh), ir.Constant(D32, [2 * j for j in range(8)])), ir.Constant(D32, [3] * 8))
     slv = b.and_(b.lshr(_splat_i32(b, sl), ir.Constant(D32, [4 * j for j in range(8)])), ir.Constant(D32, [15] * 8))
     ls = b.sub(b.or_(slv, b.shl(shv, ir.Constant(D32, [4] * 8))), ir.Constant(D32, [32] * 8))
-    ls16 = b.trunc(ls, _vec(I16, 8))
+    ls16 = b.trunc(ls, vec(I16, 8))
     runs = []
     for j in range(8):
-        w = _iq4_lookup(b, row.load("row", b.add(p, _c64(8 + 16 * j)), _vec(I8, 16), align=1))
-        runs.append(_signed_run(b, w, b.shuffle_vector(ls16, ls16, ir.Constant(_vec(I32, 16), [j] * 16))))
+        w = _iq4_lookup(b, row.load("row", b.add(p, _c64(8 + 16 * j)), vec(I8, 16), align=1))
+        runs.append(_signed_run(b, w, b.shuffle_vector(ls16, ls16, ir.Constant(vec(I32, 16), [j] * 16))))
     return _Block(runs, d)
 
 
@@ -265,8 +265,8 @@ def _iq4_nl_unpack(row, i) -> _Block:
     # 18 bytes per 32 values: d f16, 16 bytes of nibbles; Q8_0 activations (int8, f32 per 32)
     b = row.b
     p = b.mul(i, _c64(18))
-    _prefetch(row, p, 18)
-    w = _iq4_lookup(b, row.load("row", b.add(p, _c64(2)), _vec(I8, 16), align=1))
+    prefetch(row, p, 18)
+    w = _iq4_lookup(b, row.load("row", b.add(p, _c64(2)), vec(I8, 16), align=1))
     return _Block([_signed_run(b, w, ir.Constant(W16, [1] * 16))], row.half(p))
 
 
@@ -285,7 +285,7 @@ def _iq3_s_unpack(row, i) -> _Block:
     # scales 4 (a nibble per 32 values: 1 + 2 * nibble)
     b = row.b
     p = b.mul(i, _c64(110))
-    _prefetch(row, p, 110)
+    prefetch(row, p, 110)
     scales = row.load("row", b.add(p, _c64(106)), I32, align=1)
     runs = []
     for k in range(8):
@@ -306,7 +306,7 @@ def _iq3_s_unpack(row, i) -> _Block:
 
 
 def _block(unpack, values_per_block: int = 256):
-    """int8_dot._row_codegen's block body: unpack block i once, then each token's products
+    """int8_dot.row_codegen's block body: unpack block i once, then each token's products
     (runs outer, tokens inner in x86_avx2.py's tiles; here the runs of a block are few enough
     registers for the tile's 4 tokens to pass them)."""
     def block(row, a, i, accs):
@@ -334,35 +334,35 @@ def q2_k_row_dot(typingctx, row, nb, xq, xd, xs):
     """The Q2_K row (nb blocks) times one token's Q8_K activations (xq int8, xd block scales, xs
     int16 sums per 16 values), as float32."""
     _x86_only("Q2_K")
-    return types.float32(row, nb, xq, xd, xs), _row_codegen(_Q8K_ROW, 1, _block(_q2_k_unpack))
+    return types.float32(row, nb, xq, xd, xs), row_codegen(_Q8K_ROW, 1, _block(_q2_k_unpack))
 
 
 @intrinsic
 def q3_k_row_dot(typingctx, row, nb, xq, xd, xs):
     """`q2_k_row_dot` for a Q3_K row."""
     _x86_only("Q3_K")
-    return types.float32(row, nb, xq, xd, xs), _row_codegen(_Q8K_ROW, 1, _block(_q3_k_unpack))
+    return types.float32(row, nb, xq, xd, xs), row_codegen(_Q8K_ROW, 1, _block(_q3_k_unpack))
 
 
 @intrinsic
 def q5_k_row_dot(typingctx, row, nb, xq, xd, xs):
     """`q2_k_row_dot` for a Q5_K row (x86; arm64 has arm_neon.py's)."""
     _x86_only("Q5_K")
-    return types.float32(row, nb, xq, xd, xs), _row_codegen(_Q8K_ROW, 1, _block(_q5_k_unpack))
+    return types.float32(row, nb, xq, xd, xs), row_codegen(_Q8K_ROW, 1, _block(_q5_k_unpack))
 
 
 @intrinsic
 def iq4_xs_row_dot(typingctx, row, nb, xq, xd):
     """The IQ4_XS row times one token's Q8_K activations (no sums needed: no offsets), as float32."""
     _x86_only("IQ4_XS")
-    return types.float32(row, nb, xq, xd), _row_codegen(_Q8_0_ROW, 1, _block(_iq4_xs_unpack))
+    return types.float32(row, nb, xq, xd), row_codegen(_Q8_0_ROW, 1, _block(_iq4_xs_unpack))
 
 
 @intrinsic
 def iq3_s_row_dot(typingctx, row, nb, xq, xd, grid):
     """The IQ3_S row times one token's Q8_K activations; grid: the 512 lattice rows as uint32."""
     _x86_only("IQ3_S")
-    return types.float32(row, nb, xq, xd, grid), _row_codegen(_IQ3_S_ROW, 1, _block(_iq3_s_unpack))
+    return types.float32(row, nb, xq, xd, grid), row_codegen(_IQ3_S_ROW, 1, _block(_iq3_s_unpack))
 
 
 @intrinsic
@@ -370,7 +370,7 @@ def iq4_nl_row_dot(typingctx, row, nb, xq, xd):
     """The IQ4_NL row (nb blocks of 32) times one token's Q8_0 activations (xq int8, xd f32 per
     32 values), as float32."""
     _x86_only("IQ4_NL")
-    return types.float32(row, nb, xq, xd), _row_codegen(_Q8_0_ROW, 1, _block(_iq4_nl_unpack, 32))
+    return types.float32(row, nb, xq, xd), row_codegen(_Q8_0_ROW, 1, _block(_iq4_nl_unpack, 32))
 
 
 # Several tokens per weight block (a prefill's products): the block is unpacked once for TILE
@@ -386,7 +386,7 @@ _Q8K_UNPACK = {"Q2_K": _q2_k_unpack, "Q3_K": _q3_k_unpack, "IQ4_XS": _iq4_xs_unp
 
 def _q8k_tile(name: str, args):
     _x86_only(name)
-    return types.void(*args), _row_codegen(_Q8K_TILE, TILE, _block(_Q8K_UNPACK[name]))
+    return types.void(*args), row_codegen(_Q8K_TILE, TILE, _block(_Q8K_UNPACK[name]))
 
 
 @intrinsic
@@ -424,7 +424,7 @@ def iq4_nl_row_dot_tile(typingctx, row, nb, xq, xo, xstride, xd, do, dstride, re
     """res[t] = the IQ4_NL row times token t's Q8_0 activations (int8) for t < TILE."""
     _x86_only("IQ4_NL")
     sig = types.void(row, nb, xq, xo, xstride, xd, do, dstride, res)
-    return sig, _row_codegen(_Q8_0_TILE, TILE, _block(_iq4_nl_unpack, 32))
+    return sig, row_codegen(_Q8_0_TILE, TILE, _block(_iq4_nl_unpack, 32))
 
 
 # AVX-512 VNNI's `vpdpbusd` multiplies unsigned weights by signed activations, so IQ4_XS's
@@ -441,12 +441,12 @@ _IQ4_LEVELS_U8 = [int(v) + 128 for v in IQ4_LEVELS] * 4
 # d_x * sums16 times IQ4_XS's -128 * scale, Q3_K's -4 * scale or Q5_K's -dmin * min). The
 # earlier tiles multiplied the scales per 64 bytes and token (`vpmulld`, or `vpackssdw` +
 # `vpdpwssd`) and unpacked every block once per 4 tokens.
-_V16 = _vec(I32, 16)
+_V16 = vec(I32, 16)
 
 
 def _dwords(b, lo, hi, idx: list[int]):
     """<16 x i32> of dwords idx of the 32 in (lo, hi): `vpermt2d`."""
-    return b.shuffle_vector(lo, hi, ir.Constant(_vec(I32, 16), idx))
+    return b.shuffle_vector(lo, hi, ir.Constant(vec(I32, 16), idx))
 
 
 def _per_lane(b, op, v, amounts: list[int]):
@@ -467,30 +467,30 @@ def _bytes512(v: int):
 def _lanes_of(b, v, idx: list[int], signed: bool = False):
     """<16 x float> of lanes idx of the integer vector v."""
     picked = b.shuffle_vector(v, v, ir.Constant(_V16, idx))
-    return b.sitofp(picked, _vec(F32, 16)) if signed else b.uitofp(picked, _vec(F32, 16))
+    return b.sitofp(picked, vec(F32, 16)) if signed else b.uitofp(picked, vec(F32, 16))
 
 
 def _iq4_xs_unpack_p16(row, i):
     # lane k: sub-block k // 2, the low nibbles (values 0-15) for even k, the high ones for odd
     b = row.b
     p = b.mul(i, _c64(136))
-    _prefetch(row, p, 136)
-    d = _splat_f32(b, row.half(p), 16)
+    prefetch(row, p, 136)
+    d = splat_f32(b, row.half(p), 16)
     sh = b.zext(row.load("row", b.add(p, _c64(2)), I16, align=1), I32)
     sl = row.load("row", b.add(p, _c64(4)), I32, align=1)
     shv = b.and_(b.lshr(_splat_i32(b, sh), ir.Constant(D32, [2 * j for j in range(8)])), ir.Constant(D32, [3] * 8))
     slv = b.and_(b.lshr(_splat_i32(b, sl), ir.Constant(D32, [4 * j for j in range(8)])), ir.Constant(D32, [15] * 8))
     ls = b.sub(b.or_(slv, b.shl(shv, ir.Constant(D32, [4] * 8))), ir.Constant(D32, [32] * 8))  # -32..31
     dsc = b.fmul(_lanes_of(b, ls, [k // 2 for k in range(16)], signed=True), d)
-    q = [b.bitcast(row.load("row", b.add(p, _c64(8 + 64 * h)), _vec(I8, 64), align=1), _V16) for h in range(2)]
-    table = ir.Constant(_vec(I8, 64), _IQ4_LEVELS_U8)
+    q = [b.bitcast(row.load("row", b.add(p, _c64(8 + 64 * h)), vec(I8, 64), align=1), _V16) for h in range(2)]
+    table = ir.Constant(vec(I8, 64), _IQ4_LEVELS_U8)
     weights = []
     for c in range(4):
         raw = _dwords(b, q[0], q[1], [4 * (k // 2) + c for k in range(16)])
         nib = b.and_(_per_lane(b, "lshr", raw, [4 * (k % 2) for k in range(16)]), _bytes512(15))
-        looked = x86_call(b, "llvm.x86.avx512.pshuf.b.512", _vec(I8, 64), [table, b.bitcast(nib, _vec(I8, 64))])
+        looked = x86_call(b, "llvm.x86.avx512.pshuf.b.512", vec(I8, 64), [table, b.bitcast(nib, vec(I8, 64))])
         weights.append(b.bitcast(looked, _V16))
-    return weights, dsc, b.fmul(dsc, _splat_f32(b, ir.Constant(F32, -128.0), 16))
+    return weights, dsc, b.fmul(dsc, splat_f32(b, ir.Constant(F32, -128.0), 16))
 
 
 def _q45_k_unpack_p16(row, i, bpb: int, qs_at: int, qh_at: int | None):
@@ -498,14 +498,14 @@ def _q45_k_unpack_p16(row, i, bpb: int, qs_at: int, qh_at: int | None):
     # qs dword 8 (j // 2) + 4 (k % 2) + c, Q5_K's fifth bit j of qh dword 4 (k % 2) + c
     b = row.b
     p = b.mul(i, _c64(bpb))
-    _prefetch(row, p, bpb)
+    prefetch(row, p, bpb)
     words = [row.load("row", b.add(p, _c64(k)), I32, align=1) for k in (4, 8, 12)]
-    packed = b.zext(_q4_k_scales_mins(b, *words), _V16)  # lanes 0-7 scales, 8-15 mins
-    d, dmin = _splat_f32(b, row.half(p), 16), _splat_f32(b, row.half(b.add(p, _c64(2))), 16)
+    packed = b.zext(q4_k_scales_mins(b, *words), _V16)  # lanes 0-7 scales, 8-15 mins
+    d, dmin = splat_f32(b, row.half(p), 16), splat_f32(b, row.half(b.add(p, _c64(2))), 16)
     dsc = b.fmul(_lanes_of(b, packed, [k // 2 for k in range(16)]), d)
-    off = b.fmul(_lanes_of(b, packed, [8 + k // 2 for k in range(16)]), b.fsub(ir.Constant(_vec(F32, 16), [0.0] * 16), dmin))
-    qs = [b.bitcast(row.load("row", b.add(p, _c64(qs_at + 64 * h)), _vec(I8, 64), align=1), _V16) for h in range(2)]
-    qh = None if qh_at is None else b.bitcast(row.load("row", b.add(p, _c64(qh_at)), _vec(I8, 32), align=1), D32)
+    off = b.fmul(_lanes_of(b, packed, [8 + k // 2 for k in range(16)]), b.fsub(ir.Constant(vec(F32, 16), [0.0] * 16), dmin))
+    qs = [b.bitcast(row.load("row", b.add(p, _c64(qs_at + 64 * h)), vec(I8, 64), align=1), _V16) for h in range(2)]
+    qh = None if qh_at is None else b.bitcast(row.load("row", b.add(p, _c64(qh_at)), vec(I8, 32), align=1), D32)
     weights = []
     for c in range(4):
         raw = _dwords(b, qs[0], qs[1], [8 * (k // 4) + 4 * (k % 2) + c for k in range(16)])
@@ -533,12 +533,12 @@ def _q6_k_unpack_p16(row, i):
     # 8h + 4 (k % 2) + c (gguf.quants' Q6_K order)
     b = row.b
     p = b.mul(i, _c64(210))
-    _prefetch(row, p, 210)
-    d = _splat_f32(b, row.half(b.add(p, _c64(208)), lane=3), 16)
-    scales = b.sext(row.load("row", b.add(p, _c64(192)), _vec(I8, 16), align=1), _V16)
-    dsc = b.fmul(b.sitofp(scales, _vec(F32, 16)), d)
-    ql = [b.bitcast(row.load("row", b.add(p, _c64(64 * h)), _vec(I8, 64), align=1), _V16) for h in range(2)]
-    qh = b.bitcast(row.load("row", b.add(p, _c64(128)), _vec(I8, 64), align=1), _V16)
+    prefetch(row, p, 210)
+    d = splat_f32(b, row.half(b.add(p, _c64(208)), lane=3), 16)
+    scales = b.sext(row.load("row", b.add(p, _c64(192)), vec(I8, 16), align=1), _V16)
+    dsc = b.fmul(b.sitofp(scales, vec(F32, 16)), d)
+    ql = [b.bitcast(row.load("row", b.add(p, _c64(64 * h)), vec(I8, 64), align=1), _V16) for h in range(2)]
+    qh = b.bitcast(row.load("row", b.add(p, _c64(128)), vec(I8, 64), align=1), _V16)
     weights = []
     for c in range(4):
         raw = _dwords(b, ql[0], ql[1], [16 * (k // 8) + 4 * (k % 4) + c for k in range(16)])
@@ -546,7 +546,7 @@ def _q6_k_unpack_p16(row, i):
         hbits = b.shuffle_vector(qh, qh, ir.Constant(_V16, [8 * (k // 8) + 4 * (k % 2) + c for k in range(16)]))
         high = b.and_(_bit_to(b, hbits, [2 * ((k % 8) // 2) for k in range(16)], 4), _bytes512(0x30))
         weights.append(b.or_(low, high))  # 0..63: the -32 goes through the sums
-    return weights, dsc, b.fmul(dsc, _splat_f32(b, ir.Constant(F32, -32.0), 16))
+    return weights, dsc, b.fmul(dsc, splat_f32(b, ir.Constant(F32, -32.0), 16))
 
 
 def _q3_k_unpack_p16(row, i):
@@ -554,13 +554,13 @@ def _q3_k_unpack_p16(row, i):
     # run: 2 bits s of qs dword 8h + 4 (k % 2) + c, the high bit 4h + s of hmask dword 4 (k % 2) + c
     b = row.b
     p = b.mul(i, _c64(110))
-    _prefetch(row, p, 110)
-    d = _splat_f32(b, row.half(b.add(p, _c64(108)), lane=3), 16)
+    prefetch(row, p, 110)
+    d = splat_f32(b, row.half(b.add(p, _c64(108)), lane=3), 16)
     words = [row.load("row", b.add(p, _c64(k)), I32, align=1) for k in (96, 100, 104)]
-    scales = b.sext(_q3_k_scales(b, *words), _V16)  # -32..31
-    dsc = b.fmul(b.sitofp(scales, _vec(F32, 16)), d)
-    qs = b.bitcast(row.load("row", b.add(p, _c64(32)), _vec(I8, 64), align=1), _V16)
-    hm = b.bitcast(row.load("row", p, _vec(I8, 32), align=1), D32)
+    scales = b.sext(q3_k_scales(b, *words), _V16)  # -32..31
+    dsc = b.fmul(b.sitofp(scales, vec(F32, 16)), d)
+    qs = b.bitcast(row.load("row", b.add(p, _c64(32)), vec(I8, 64), align=1), _V16)
+    hm = b.bitcast(row.load("row", p, vec(I8, 32), align=1), D32)
     weights = []
     for c in range(4):
         raw = b.shuffle_vector(qs, qs, ir.Constant(_V16, [8 * (k // 8) + 4 * (k % 2) + c for k in range(16)]))
@@ -568,7 +568,7 @@ def _q3_k_unpack_p16(row, i):
         hbits = b.shuffle_vector(hm, hm, ir.Constant(_V16, [4 * (k % 2) + c for k in range(16)]))
         high = b.and_(_bit_to(b, hbits, [4 * (k // 8) + (k % 8) // 2 for k in range(16)], 2), _bytes512(4))
         weights.append(b.or_(low, high))  # 0..7: the -4 goes through the sums
-    return weights, dsc, b.fmul(dsc, _splat_f32(b, ir.Constant(F32, -4.0), 16))
+    return weights, dsc, b.fmul(dsc, splat_f32(b, ir.Constant(F32, -4.0), 16))
 
 
 _P16_UNPACK = {"IQ4_XS": _iq4_xs_unpack_p16, "Q5_K": _q5_k_unpack_p16, "Q3_K": _q3_k_unpack_p16,
@@ -593,16 +593,16 @@ def _panel_unpack_intrinsic(name: str):
         _x86_only(name)
 
         def codegen(context, builder, signature, args):
-            r = _Row(context, builder, signature, args, _PANEL_UNPACK_ARGS, 1)
+            r = Row(context, builder, signature, args, _PANEL_UNPACK_ARGS, 1)
             with cgutils.for_range(builder, r.arg["nb"]) as loop:
                 i = builder.sext(loop.index, I64) if loop.index.type.width < 64 else loop.index
                 weights, dsc, off = _P16_UNPACK[name](r, i)
                 for c in range(4):
-                    ptr = _array_ptr(context, builder, r.aty["wq"], r.arg["wq"],
+                    ptr = array_ptr(context, builder, r.aty["wq"], r.arg["wq"],
                                      builder.add(builder.mul(i, _c64(PANEL_BYTES)), _c64(64 * c)), _V16)
                     builder.store(weights[c], ptr, align=1)
                 for k, v in enumerate((dsc, off)):
-                    ptr = _array_ptr(context, builder, r.aty["ws"], r.arg["ws"],
+                    ptr = array_ptr(context, builder, r.aty["ws"], r.arg["ws"],
                                      builder.add(builder.mul(i, _c64(PANEL_SCALES)), _c64(16 * k)), v.type)
                     builder.store(v, ptr, align=4)
             return context.get_dummy_value()
@@ -619,8 +619,8 @@ iq4_xs_unpack_panel, q5_k_unpack_panel, q3_k_unpack_panel, q4_k_unpack_panel, q6
 
 def _panel_codegen(context, builder, signature, args):
     b = builder
-    row = _Row(context, b, signature, args, _PANEL_TILE, PANEL_TOKENS)
-    f16 = _vec(F32, 16)
+    row = Row(context, b, signature, args, _PANEL_TILE, PANEL_TOKENS)
+    f16 = vec(F32, 16)
     zero = ir.Constant(_V16, [0] * 16)
     accs = [[cgutils.alloca_once_value(b, ir.Constant(f16, [0.0] * 16)) for _ in range(PANEL_ROWS)]
             for _ in range(PANEL_TOKENS)]
@@ -635,9 +635,9 @@ def _panel_codegen(context, builder, signature, args):
 
         def token_of(t):
             o = b.add(row.offset("xo", "xstride", t), b.mul(i, _c64(256)))
-            xs = [b.bitcast(row.load("xq", b.add(o, _c64(64 * c)), _vec(I8, 64), align=1), _V16) for c in range(4)]
+            xs = [b.bitcast(row.load("xq", b.add(o, _c64(64 * c)), vec(I8, 64), align=1), _V16) for c in range(4)]
             di = b.add(row.offset("do", "dstride", t), i)
-            xd = _splat_f32(b, row.load("xd", di, F32), 16)
+            xd = splat_f32(b, row.load("xd", di, F32), 16)
             xsf = row.load("xs", b.add(row.offset("so", "sstride", t), b.mul(i, _c64(16))), f16, align=4)
             return xs, xd, xsf
 
@@ -647,8 +647,8 @@ def _panel_codegen(context, builder, signature, args):
             for c in range(4):
                 s = x86_call(b, "llvm.x86.avx512.vpdpbusd.512", _V16, [s, weights[c], xs[c]])
             scaled = b.fmul(b.sitofp(s, f16), xd)  # exact sums (|sum| < 2^24) times d_x
-            acc = _fma(b, scaled, dsc, b.load(accs[t][r]))
-            b.store(_fma(b, xsf, off, acc), accs[t][r])
+            acc = fma(b, scaled, dsc, b.load(accs[t][r]))
+            b.store(fma(b, xsf, off, acc), accs[t][r])
 
         # a row's weights, then each token's activations (LLVM keeps them as vpdpbusd's memory
         # operands): fewer live registers than the four tokens' activations held for both rows
@@ -658,7 +658,7 @@ def _panel_codegen(context, builder, signature, args):
                 product(r, t, w, token_of(t))
     for t in range(PANEL_TOKENS):
         for r in range(PANEL_ROWS):
-            _store(context, b, row.aty["res"], row.arg["res"], PANEL_ROWS * t + r, _sum_lanes_f32(b, b.load(accs[t][r])))
+            store(context, b, row.aty["res"], row.arg["res"], PANEL_ROWS * t + r, sum_lanes_f32(b, b.load(accs[t][r])))
     return context.get_dummy_value()
 
 

@@ -223,7 +223,7 @@ def _ssm_a(seed: int, b: str, n: int) -> Callable[[], np.ndarray]:
     return lambda: (-_rng(seed, b + "A").uniform(1.0, 16.0, n).astype(np.float32)).astype(np.float32)
 
 
-def _tensor_specs(p: Preset, seed: int) -> list[_Tensor]:
+def tensor_specs(p: Preset, seed: int) -> list[_Tensor]:
     """Every tensor, in file order (names, shapes and generators as llama.cpp's converter names
     and shapes Qwen3.5's; shapes in numpy order)."""
     E = p.n_embd
@@ -289,7 +289,7 @@ def encode_matrix(values: np.ndarray, qtype: Q) -> tuple[np.ndarray, Q]:
     return formats.quantize(values, t), t
 
 
-def _stored_types(p: Preset, weights: str, specs: list[_Tensor]) -> list[Q]:
+def stored_types(p: Preset, weights: str, specs: list[_Tensor]) -> list[Q]:
     attn_layers = [il for il in range(p.n_layer) if (il + 1) % p.full_attention_interval == 0]
     out = []
     for t in specs:
@@ -319,8 +319,8 @@ def _write_tensors(path: str, p: Preset, seed: int, weights: str, jobs: list[tup
     """Generate, encode and pwrite tensors `(index, file offset)` of the file at `path` (whose
     header is written and whose size is set); in a worker process, or in the caller's. Returns
     the bytes written."""
-    specs = _tensor_specs(p, seed)
-    types = _stored_types(p, weights, specs)
+    specs = tensor_specs(p, seed)
+    types = stored_types(p, weights, specs)
     fd = os.open(path, os.O_WRONLY)
     written = 0
     try:
@@ -397,8 +397,8 @@ def make_model(out: str | os.PathLike[str], preset: str = "tiny", weights: str =
     w.add_full_attention_interval(p.full_attention_interval)
     _write_tokenizer(w, spec.metadata())
 
-    specs = _tensor_specs(p, seed)
-    types = _stored_types(p, weights, specs)
+    specs = tensor_specs(p, seed)
+    types = stored_types(p, weights, specs)
     sizes = []
     for t, qtype in zip(specs, types):
         n = _nbytes(t.shape, qtype)

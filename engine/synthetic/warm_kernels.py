@@ -25,10 +25,10 @@ DEFAULT_WEIGHTS = "Q4_K_M,Q8_0,F32,Q3_K_M,IQ4_XS,Q2_K,IQ4_NL,IQ3_S,Q5_K_M"
 
 def covered_types(weights: list[str]) -> set:
     """The tensor types of the warm-up models for `weights` (the tiny preset, as `warm` builds)."""
-    from engine.synthetic.factory import PRESETS, _stored_types, _tensor_specs
+    from engine.synthetic.factory import PRESETS, stored_types, tensor_specs
 
     p = PRESETS["tiny"]
-    return {t for w in weights for t in _stored_types(p, w, _tensor_specs(p, 0))}
+    return {t for w in weights for t in stored_types(p, w, tensor_specs(p, 0))}
 
 
 def warm(weights: list[str], workdir: Path) -> list[dict]:

@@ -81,13 +81,13 @@ def test_image_kernel_cache_covers_the_4b_and_9b_files_formats():
     import re
 
     from bench.run import LARGE_RUNS
-    from engine.synthetic.factory import PRESETS, _stored_types, _tensor_specs
+    from engine.synthetic.factory import PRESETS, stored_types, tensor_specs
     from engine.synthetic.warm_kernels import DEFAULT_WEIGHTS, covered_types
 
     covered = covered_types(DEFAULT_WEIGHTS.split(","))
     for preset, weights in LARGE_RUNS:
         p = PRESETS[preset]
-        need = set(_stored_types(p, weights, _tensor_specs(p, 0)))
+        need = set(stored_types(p, weights, tensor_specs(p, 0)))
         assert need <= covered, (preset, weights, sorted(t.name for t in need - covered))
     # the Dockerfile's `python -m function.numba_cache build` runs warm-kernels once per CPU level
     import inspect

@@ -138,7 +138,7 @@ def test_level_kernels_match_the_exact_product(level, tmp_path):
     assert not any(res["asm"][op] for op in banned), res["asm"]
     assert all(v == level.startswith("avx512vnni") for v in res["vnni512_tiles"].values()), res["vnni512_tiles"]
     # a scalar f16 load merged into the accumulator's register (vpinsrw) chained every Q8_0 block
-    # to the previous block's FMA: 3.3 GB/s instead of 6-15 on AVX2 (int8_dot._half_at)
+    # to the previous block's FMA: 3.3 GB/s instead of 6-15 on AVX2 (int8_dot.half_at)
     assert not res["q8_0_merges"], res["q8_0_merges"]
 
 
