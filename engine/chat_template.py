@@ -387,6 +387,7 @@ def _environment() -> ImmutableSandboxedEnvironment:
 # template, and nowhere else.
 TURN_START = "<|im_start|>"
 THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
 
 
 @dataclass

@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from engine.chat_template import THINK_CLOSE
 from engine.json_numbers import finite_schema
 from engine.termination import unfinishable_lark, unfinishable_schema
 from engine.tokenizer import BYTE_TO_UNICODE, Tokenizer, TokenType
@@ -57,7 +58,6 @@ __all__ = [
 # Qwen3.5's markers (USER_DEFINED tokens in its vocabulary, special in llguidance's trie)
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
-THINK_CLOSE = "</think>"
 
 # JSON as the model writes it in a reply: Python's json.dumps separators, no free whitespace (a
 # flexible-whitespace grammar lets a weak model emit newlines forever inside an object).

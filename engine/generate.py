@@ -13,13 +13,13 @@ from pathlib import Path
 import numpy as np
 
 from engine import threads as threads_mod
-from engine.chat_template import (ChatPrompt, ChatTemplate, TemplateError, boundary_offsets, normalise_messages,
-                                   opens_reasoning)
+from engine.chat_template import (THINK_CLOSE, ChatPrompt, ChatTemplate, TemplateError, boundary_offsets,
+                                   normalise_messages, opens_reasoning)
 from engine.constraints import Constraint, GrammarSpec, compile_grammar
 from engine.decoding import TokenLogprob, TokenPicker
 from engine.errors import ContextOverflow, ModelLoadError, PrefillDeadline
 from engine.gguf_file import GGUFFile
-from engine.history import THINK_CLOSE, FieldEscape, Piece, split_reasoning
+from engine.history import FieldEscape, Piece, split_history_reasoning
 from engine.jsonlog import LogFn, log_event
 from engine.models.qwen35 import Qwen35
 from engine.sampling import Sampler, SamplingParams
@@ -194,7 +194,7 @@ class Engine:
         template = self._template()
         msgs = normalise_messages(messages)
         if THINK_CLOSE in template.source:
-            msgs = split_reasoning(msgs)
+            msgs = split_history_reasoning(msgs)
         msgs = self.field_escape.tree(msgs)
         escaped_tools = self.field_escape.tree(list(tools)) if tools is not None else None
         rendered = template.render(msgs, tools=escaped_tools, add_generation_prompt=add_generation_prompt,

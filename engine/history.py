@@ -7,7 +7,7 @@ reasoning, in a tool call's name or arguments, in a tool result or a tool defini
 
 How (one path for the handler and the CLI: ``Engine.chat_prompt``):
 
-1. ``split_reasoning``: an assistant message whose content holds ``</think>`` is split into
+1. ``split_history_reasoning``: an assistant message whose content holds ``</think>`` is split into
    ``reasoning_content`` and ``content`` here, the way Qwen's templates split it, because the
    template cannot see the marker once step 2 has escaped it.
 2. ``FieldEscape.tree``: every string of the messages and tools (dictionary keys too) is escaped.
@@ -28,10 +28,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["FieldEscape", "Piece", "THINK_CLOSE", "split_reasoning"]
+from engine.chat_template import THINK_CLOSE, THINK_OPEN
 
-THINK_CLOSE = "</think>"
-THINK_OPEN = "<think>"
+__all__ = ["FieldEscape", "Piece", "split_history_reasoning"]
 
 # Unicode noncharacters: never meant to be interchanged, so a template has no reason to touch
 # them; a client may still send them, which is why the escape character escapes itself.
@@ -131,7 +130,7 @@ class OffsetMap:
         return offset - bisect.bisect_left(self.codes, offset)
 
 
-def split_reasoning(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def split_history_reasoning(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Assistant messages whose content holds ``</think>`` and that have no ``reasoning_content``,
     split the way Qwen's templates split them: the reasoning is what precedes the first
     ``</think>`` (after any ``<think>``, newlines trimmed), the content what follows the last."""
