@@ -300,7 +300,7 @@ def iq4_nl_row_dot_tile(typingctx, row, nb, xq, xo, xstride, xd, do, dstride, re
 # lowbit_kernels' signatures (MatvecPlan calls both alike): decode (w, xq, xd, xs16, out), IQ4_NL
 # (w, xq, xd, out); several tokens the same with Tp*cols activations (Tp a multiple of WIDE_TILE,
 # padding tokens zeros) and out (Tp, rows). One kernel per format, so a plan compiles only its
-# own (under qemu each compile is tens of seconds). Rows in chunks of 16 (kernels._mm_k_q8k).
+# own (under qemu each compile is tens of seconds). Rows in chunks of 16 (int8_kernels.mm_k_q8k).
 
 @njit(**_MV)
 def _mv_q2_k(w, xq, xd, xs16, out):

@@ -27,12 +27,10 @@ a run's two weight vectors and its scale stay in registers while the tile's toke
 Where they run: `paths.Target.level` is `neon-dotprod` (dotprod, e.g. neoverse-n1) or
 `neon-i8mm` (V1/V2); int8_dot's row and tile intrinsics take their block bodies from here on
 those levels (`row_block`, `tile_block`). On `neon-i8mm` the prefill tiles are the `smmla`
-row-pair intrinsics at the end of this file (kernels._mm_k_smmla, _mm_q8_0_smmla).
+row-pair intrinsics at the end of this file (arm_tiles.mm_k_smmla, mm_q8_0_smmla).
 """
 from __future__ import annotations
 
-import numpy as np
-from gguf import GGMLQuantizationType as T
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
@@ -217,7 +215,7 @@ def smmla(builder, acc, a, b):
     return neon_call(builder, SMMLA, V4, [acc, a, b])
 
 
-def _zip64(b, u, v, high: int):
+def zip64(b, u, v, high: int):
     """[u's 8 bytes `high`, v's 8 bytes `high`] as one <16 x i8> (zip1/zip2 on .2d lanes)."""
     o = 8 * high
     return b.shuffle_vector(u, v, ir.Constant(vec(I32, 16), [*range(o, o + 8), *range(16 + o, 24 + o)]))
@@ -228,7 +226,7 @@ _Q8_0_PAIR = ("row0", "row1", "nb", "xq", "xo", "xstride", "xd", "do", "dstride"
 
 def _q8_0_pair_codegen(context, builder, signature, args):
     """Two Q8_0 rows times TILE tokens (int8 activations): res[r * TILE + t]."""
-    from engine.quant.int8_dot import TILE, Row, half_at, store
+    from engine.quant.int8_dot import TILE, half_at, store
 
     b = builder
     row = Row(context, b, signature, args, _Q8_0_PAIR, TILE)
@@ -249,7 +247,7 @@ def _q8_0_pair_codegen(context, builder, signature, args):
             from engine.quant.int8_dot import prefetch_bytes
             b.call(pf, [array_ptr(context, b, row.aty[name], row.arg[name], b.add(p, i64(prefetch_bytes())), I8),
                         ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
-        a_mats = [_zip64(b, ws[0][h], ws[1][h], k) for h in range(2) for k in range(2)]
+        a_mats = [zip64(b, ws[0][h], ws[1][h], k) for h in range(2) for k in range(2)]
         d4 = ir.Constant(vf, ir.Undefined)
         for lane, d in enumerate((ds[0], ds[0], ds[1], ds[1])):
             d4 = b.insert_element(d4, d, ir.Constant(I32, lane))
@@ -262,7 +260,7 @@ def _q8_0_pair_codegen(context, builder, signature, args):
             s = ir.Constant(V4, [0] * 4)
             for h in range(2):
                 for k in range(2):
-                    s = smmla(b, s, a_mats[2 * h + k], _zip64(b, xs[0][h], xs[1][h], k))
+                    s = smmla(b, s, a_mats[2 * h + k], zip64(b, xs[0][h], xs[1][h], k))
             x4 = ir.Constant(vf, ir.Undefined)
             for lane, xd in enumerate((xds[0], xds[1], xds[0], xds[1])):
                 x4 = b.insert_element(x4, xd, ir.Constant(I32, lane))
@@ -300,7 +298,7 @@ def _reduce_add(b, v):
 def _k_pair_codegen(kind: str):
     """Two K-format rows times WIDE_TILE tokens with `smmla`: res[r * WIDE_TILE + t]. Q4_K/Q5_K
     leave their mins to the caller (as every tile); Q6_K's -32 goes through the activation sums."""
-    from engine.quant.int8_dot import WIDE_TILE, Args, Row, store
+    from engine.quant.int8_dot import WIDE_TILE, Args, store
 
     per32 = kind != "q6_k"
 
@@ -321,7 +319,7 @@ def _k_pair_codegen(kind: str):
             isums = [zero] * pairs
             step = 2 if per32 else 1  # groups per scale
             for k0 in range(0, 16, step):
-                mats = [(_zip64(b, blks[0].quants[k], blks[1].quants[k], 0), _zip64(b, blks[0].quants[k], blks[1].quants[k], 1))
+                mats = [(zip64(b, blks[0].quants[k], blks[1].quants[k], 0), zip64(b, blks[0].quants[k], blks[1].quants[k], 1))
                         for k in range(k0, k0 + step)]
                 sv = b.shuffle_vector(blks[0].scale(k0), blks[1].scale(k0), ir.Constant(vec(I32, 4), [0, 1, 4, 5]))
                 for q in range(pairs):
@@ -329,7 +327,7 @@ def _k_pair_codegen(kind: str):
                     for k, (lo, hi) in zip(range(k0, k0 + step), mats):
                         xa = token_values(v0, i, 2 * q, k, 16)
                         xb = token_values(v0, i, 2 * q + 1, k, 16)
-                        s = smmla(b, smmla(b, s, lo, _zip64(b, xa, xb, 0)), hi, _zip64(b, xa, xb, 1))
+                        s = smmla(b, smmla(b, s, lo, zip64(b, xa, xb, 0)), hi, zip64(b, xa, xb, 1))
                     isums[q] = b.add(isums[q], b.mul(s, sv))
             for q in range(pairs):
                 ts = (2 * q, 2 * q + 1)
@@ -368,367 +366,3 @@ def _k_pair_intrinsic(kind: str):
 q4_k_row_pair_smmla = _k_pair_intrinsic("q4_k")
 q5_k_row_pair_smmla = _k_pair_intrinsic("q5_k")
 q6_k_row_pair_smmla = _k_pair_intrinsic("q6_k")
-
-
-# ----------------------------------------------------------------------------- 4 rows interleaved
-# The x4 layout (Q4_K, Q6_K on every arm level; `repack_x4`, made once when MatvecPlan is built,
-# replaces the row-major bytes it came from). Four weight rows' blocks i are one x4 block whose
-# quant vectors hold 4 consecutive values of each row: bytes 4r..4r+3 of a vector are row r's
-# bytes 16s + 4k .. 16s + 4k + 3 of the block's 16-byte segment s (vector 4s + k). Unpacked as
-# the row layout is (the same masks and shifts per vector), a vector's lane r is row r's 4-value
-# sum when `sdot` takes the activations by element (`sdot v.4s, v.16b, v.4b[k]`: the 4 values
-# 16s' + 4k.. of the token broadcast to the four lanes). So one i32 vector holds a run's sums
-# for 4 rows, and one vector `mla` by the 4 rows' scales (stored widened to a byte per row per
-# run, in the order the lanes want) scales all four: a quarter of the row kernels' `mul`/`mla`
-# (docs/arm64.md: they were 80 % of N1's gap to llama.cpp), no horizontal sums, and the result
-# of a block is a <4 x float> of 4 rows, stored with one instruction. The scales' and mins'
-# widening, the f16 conversion and the prefetches are per 4 rows as well.
-#
-#   Q4_K x4 block, 592 bytes (4 x 144 + 16: the 6-bit scales and mins stored as bytes):
-#     d[4] f16, dmin[4] f16, scales[8 runs][4 rows] u8, mins[8][4] u8, 8 segments x 64 bytes
-#   Q6_K x4 block, 840 bytes (4 x 210):
-#     scales[16 groups][4 rows] i8, 12 segments x 64 bytes (ql 0-7, qh 8-11), d[4] f16
-# Q6_K's -32 is subtracted from the unpacked quants (-32..31 are valid int8), so no activation
-# sums are needed; Q4_K's mins go against the activations' sums per 32 (decode: `smlal` by
-# element into an i32 vector per 4 rows; tiles: one small float product, as every tile).
-# Rows beyond the last multiple of 4 are zero rows (d = 0) whose results are dropped.
-X4 = 4
-X4_BLOCK = {"q4_k": 592, "q6_k": 840}
-_X4_KIND = {T.Q4_K: "q4_k", T.Q6_K: "q6_k"}
-
-
-def release_pages(w) -> None:
-    """Tell the kernel the process is done with the pages of `w` (MADV_DONTNEED) when `w` is a
-    view of a read-only file mapping (np.memmap mode "r", how the GGUF is opened): the x4 copy
-    replaces them, so a repacked model holds its weights once, not twice. A later read (an
-    embedding lookup of the tied head) faults them back in from the file. Anything else —
-    ordinary arrays, writable maps — is left alone (DONTNEED would zero anonymous memory)."""
-    import ctypes
-    import mmap
-    import sys
-
-    base = w
-    while base is not None and not isinstance(base, np.memmap):
-        base = getattr(base, "base", None)
-    if base is None or getattr(base, "mode", None) != "r" or not sys.platform.startswith("linux"):
-        return
-    page = mmap.PAGESIZE
-    start = -(-w.ctypes.data // page) * page          # whole pages inside w only
-    end = (w.ctypes.data + w.nbytes) // page * page
-    if end > start:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), 4)  # MADV_DONTNEED
-
-
-def _k4_scales_mins(sc):
-    """get_scale_min_k4 for every j at once: sc (..., 12) uint8 -> scales, mins (..., 8) uint8."""
-    s = np.empty((*sc.shape[:-1], 8), np.uint8)
-    m = np.empty_like(s)
-    s[..., :4] = sc[..., 0:4] & 63
-    m[..., :4] = sc[..., 4:8] & 63
-    s[..., 4:] = (sc[..., 8:12] & 0xF) | ((sc[..., 0:4] >> 6) << 4)
-    m[..., 4:] = (sc[..., 8:12] >> 4) | ((sc[..., 4:8] >> 6) << 4)
-    return s, m
-
-
-def repack_x4(qtype, w):
-    """The (rows, row bytes) uint8 matrix `w` of Q4_K or Q6_K as x4 blocks: (ceil(rows / 4),
-    blocks per row * X4_BLOCK) uint8. Pure byte moves (numpy, 4-byte elements where they can
-    be): the quants are the same bits, the scales the same values."""
-    kind = _X4_KIND[T(qtype)]
-    rows, rb = w.shape
-    size = {"q4_k": 144, "q6_k": 210}[kind]
-    nb = rb // size
-    groups = -(-rows // X4)
-    out = np.empty((groups, nb, X4_BLOCK[kind]), np.uint8)
-    full = rows // X4
-    parts = [(w[:full * X4], slice(0, full))]
-    if full < groups:  # the last rows padded with zero rows
-        tail = np.zeros((X4, rb), np.uint8)
-        tail[:rows - full * X4] = w[full * X4:]
-        parts.append((tail, slice(full, groups)))
-    for src, gs in parts:
-        blk = src.reshape(-1, X4, nb, size)                  # (g, r, i, byte)
-        o = out[gs]
-        if kind == "q4_k":
-            o[..., 0:8] = blk[..., 0:2].transpose(0, 2, 1, 3).reshape(-1, nb, 8)
-            o[..., 8:16] = blk[..., 2:4].transpose(0, 2, 1, 3).reshape(-1, nb, 8)
-            s, m = _k4_scales_mins(blk[..., 4:16])            # (g, r, i, 8)
-            o[..., 16:48] = s.transpose(0, 2, 3, 1).reshape(-1, nb, 32)
-            o[..., 48:80] = m.transpose(0, 2, 3, 1).reshape(-1, nb, 32)
-            q0, nseg, qo = 16, 8, 80
-        else:
-            o[..., 0:64] = blk[..., 192:208].transpose(0, 2, 3, 1).reshape(-1, nb, 64)
-            o[..., 832:840] = blk[..., 208:210].transpose(0, 2, 1, 3).reshape(-1, nb, 8)
-            q0, nseg, qo = 0, 12, 64
-        q = blk[..., q0:q0 + 16 * nseg].view(np.uint32).reshape(-1, X4, nb, nseg, 4)   # (g, r, i, s, k)
-        o[..., qo:qo + 64 * nseg].view(np.uint32).reshape(-1, nb, nseg, 4, X4)[...] = q.transpose(0, 2, 3, 4, 1)
-    return out.reshape(groups, nb * X4_BLOCK[kind])
-
-
-def dequantize_x4(qtype, w4, rows: int):
-    """The float32 (rows, cols) matrix an x4 array holds (numpy; what the tests check the layout
-    and the kernels against, beside gguf.quants on the original bytes)."""
-    kind = _X4_KIND[T(qtype)]
-    groups = w4.shape[0]
-    blk = w4.reshape(groups, -1, X4_BLOCK[kind])
-    nb = blk.shape[1]
-    f16 = lambda a: a.copy().view(np.float16).astype(np.float32)  # noqa: E731
-    if kind == "q4_k":
-        d, dmin = f16(blk[..., 0:8]), f16(blk[..., 8:16])            # (g, i, r)
-        s = blk[..., 16:48].reshape(groups, nb, 8, X4).astype(np.float32)   # (g, i, run, r)
-        m = blk[..., 48:80].reshape(groups, nb, 8, X4).astype(np.float32)
-        v = blk[..., 80:].reshape(groups, nb, 8, 4, X4, 4)            # (g, i, s, k, r, e)
-        c, hh = np.divmod(np.arange(8), 2)
-        vals = np.empty((groups, nb, X4, 256), np.float32)
-        for seg in range(8):
-            for half, nib in enumerate((v[:, :, seg] & 15, v[:, :, seg] >> 4)):
-                run = 2 * c[seg] + half
-                o = 64 * c[seg] + 32 * half + 16 * hh[seg]
-                q = nib.transpose(0, 1, 3, 2, 4).reshape(groups, nb, X4, 16).astype(np.float32)
-                vals[..., o:o + 16] = (d * s[:, :, run])[..., None] * q - (dmin * m[:, :, run])[..., None]
-    else:
-        d = f16(blk[..., 832:840])
-        s = blk[..., 0:64].view(np.int8).reshape(groups, nb, 16, X4).astype(np.float32)
-        v = blk[..., 64:832].reshape(groups, nb, 12, 4, X4, 4)
-        vals = np.empty((groups, nb, X4, 256), np.float32)
-        for h in range(2):
-            for t in range(4):
-                for hb in range(2):
-                    grp = 8 * h + 2 * t + hb
-                    ql = v[:, :, 4 * h + 2 * (t & 1) + hb]
-                    qh = v[:, :, 8 + 2 * h + hb]
-                    q = ((ql & 15) if t < 2 else (ql >> 4)) | (((qh >> (2 * t)) & 3) << 4)
-                    q = q.transpose(0, 1, 3, 2, 4).reshape(groups, nb, X4, 16).astype(np.float32) - 32
-                    vals[..., 16 * grp:16 * grp + 16] = (d * s[:, :, grp])[..., None] * q
-    return vals.transpose(0, 2, 1, 3).reshape(groups * X4, nb * 256)[:rows]
-
-
-def _dup32(b, v16, k: int):
-    """The 4 bytes 4k..4k+3 of v16 in all four 32-bit lanes (the by-element `sdot` operand)."""
-    v4 = b.bitcast(v16, V4)
-    return b.bitcast(b.shuffle_vector(v4, v4, ir.Constant(vec(I32, 4), [k] * 4)), V16)
-
-
-def _f16x4(row, index):
-    """Four f16 at byte `index` of the weights as <4 x float> (`fcvtl`)."""
-    b = row.b
-    halves = b.bitcast(row.load("row", index, vec(I16, 4), align=1), ir.VectorType(ir.HalfType(), 4))
-    return b.fpext(halves, vec(F32, 4))
-
-
-class X4Block:
-    """x4 block i: `runs` = per scale (Q4_K: 8 runs of 32 values; Q6_K: 16 groups of 16) its
-    weight vectors as (vector, the token's 16-value activation vector offset in the block, lane),
-    `scale(j)` the 4 rows' scale of run j as <4 x i32>, d4 (and Q4_K's dmin4, `mins16(j)` the
-    rows' min of run j as <4 x i16>) per 4 rows."""
-
-    def __init__(self, runs, scale, d4, dmin4=None, mins16=None):
-        self.runs, self.scale, self.d4, self.dmin4, self.mins16 = runs, scale, d4, dmin4, mins16
-
-
-def x4_unpack(kind: str, row, i) -> X4Block:
-    b = row.b
-    i64 = lambda v: ir.Constant(I64, v)  # noqa: E731
-    size = X4_BLOCK[kind]
-    p = b.mul(i, i64(size))
-    prefetch(row, p, size)
-    load16 = lambda off: row.load("row", b.add(p, i64(off)), V16, align=1)  # noqa: E731
-    quarters = lambda v: [b.shuffle_vector(v, v, ir.Constant(vec(I32, 4), list(range(4 * q, 4 * q + 4))))  # noqa: E731
-                          for q in range(4)]
-    if kind == "q4_k":
-        sc = [q for off in (16, 32) for q in quarters(b.zext(load16(off), vec(I32, 16)))]
-        mn16 = b.zext(row.load("row", b.add(p, i64(48)), vec(I8, 32), align=1), vec(I16, 32))
-        mins16 = lambda j: b.shuffle_vector(mn16, mn16, ir.Constant(vec(I32, 4), list(range(4 * j, 4 * j + 4))))  # noqa: E731
-        runs: list[list] = [[] for _ in range(8)]
-        for c in range(4):
-            for hh in range(2):
-                for k in range(4):
-                    v = load16(80 + 64 * (2 * c + hh) + 16 * k)
-                    for half, nib in enumerate((b.and_(v, c8(15)), b.lshr(v, c8(4)))):
-                        runs[2 * c + half].append((nib, 64 * c + 32 * half + 16 * hh, k))
-        return X4Block(runs, lambda j: sc[j], _f16x4(row, p), _f16x4(row, b.add(p, i64(8))), mins16)
-    sc = [q for off in (0, 16, 32, 48) for q in quarters(b.sext(load16(off), vec(I32, 16)))]
-    runs = [[] for _ in range(16)]
-    for h in range(2):
-        for t in range(4):
-            for hh in range(2):
-                g = 8 * h + 2 * t + hh
-                for k in range(4):
-                    ql = load16(64 + 64 * (4 * h + 2 * (t & 1) + hh) + 16 * k)
-                    qh = load16(64 + 64 * (8 + 2 * h + hh) + 16 * k)
-                    low = b.and_(ql, c8(15)) if t < 2 else b.lshr(ql, c8(4))
-                    # bits 2t, 2t+1 of qh to bits 4, 5: one shift at most (none for t = 2)
-                    high = qh if t == 2 else b.shl(qh, c8(4 - 2 * t)) if t < 2 else b.lshr(qh, c8(2))
-                    q = b.sub(b.or_(low, b.and_(high, c8(0x30))), c8(32))
-                    runs[g].append((q, 16 * g, k))
-    return X4Block(runs, lambda j: sc[j], _f16x4(row, b.add(p, i64(832))))
-
-
-def _x4_token_vectors(row, i, t: int):
-    """Token t's activation vectors of block i, loaded on first use: off -> <16 x i8>."""
-    cache: dict[int, object] = {}
-
-    def get(off: int):
-        if off not in cache:
-            cache[off] = token_values(row, i, t, off // 16, 16)
-        return cache[off]
-    return get
-
-
-def _fvec_splat(b, value):
-    one = b.insert_element(ir.Constant(vec(F32, 4), ir.Undefined), value, ir.Constant(I32, 0))
-    return b.shuffle_vector(one, one, ir.Constant(vec(I32, 4), [0] * 4))
-
-
-def _fma4(b, acc, isum, scale4):
-    fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(scale4.type, [scale4.type] * 3), "llvm.fma.v4f32")
-    return b.call(fn, [b.sitofp(isum, scale4.type), scale4, acc])
-
-
-def _store4(row, name: str, index, value, subtract: bool):
-    """<4 x float> value at array `name`[index..index+3]; `subtract`: value minus what is there."""
-    b = row.b
-    ptr = array_ptr(row.context, b, row.aty[name], row.arg[name], index, vec(F32, 4))
-    if subtract:
-        value = b.fsub(value, b.load(ptr, align=4))
-    b.store(value, ptr, align=4)
-
-
-_X4_ROW = ("row", "nb", "xq", "xd", "xs", "out", "o")
-_X4_TILE = ("row", "nb", "xq", "xo", "xstride", "xd", "do", "dstride", "out", "oo", "ostride")
-
-
-def _x4_sdot_codegen(kind: str, ntok: int):
-    """4 rows (one x4 row) times ntok tokens with by-element `sdot`: out[o + r] (decode, Q4_K's
-    mins inside) or out[oo + t * ostride + r] (tiles; Q4_K: minus what is there, the mins'
-    product)."""
-    names = _X4_ROW if ntok == 1 else _X4_TILE
-
-    def codegen(context, builder, signature, args):
-        b = builder
-        row = Row(context, b, signature, args, names, ntok)
-        vf = vec(F32, 4)
-        zero = ir.Constant(V4, [0] * 4)
-        mins = kind == "q4_k" and ntok == 1
-        accs = [cgutils.alloca_once_value(b, ir.Constant(vf, [0.0] * 4)) for _ in range(ntok + mins)]
-        with cgutils.for_range(b, row.arg["nb"]) as loop:
-            i = b.sext(loop.index, I64) if loop.index.type.width < 64 else loop.index
-            blk = x4_unpack(kind, row, i)
-            xs = [_x4_token_vectors(row, i, t) for t in range(ntok)]
-            isums = [zero] * ntok
-            for j, units in enumerate(blk.runs):
-                sv = blk.scale(j)
-                for t in range(ntok):
-                    s = zero
-                    for w, off, k in units:
-                        s = sdot(b, s, w, _dup32(b, xs[t](off), k))
-                    isums[t] = b.add(isums[t], b.mul(s, sv))
-            for t in range(ntok):
-                xd = _fvec_splat(b, row.load("xd", b.add(row.offset("do", "dstride", t), i), F32))
-                b.store(_fma4(b, b.load(accs[t]), isums[t], b.fmul(blk.d4, xd)), accs[t])
-            if mins:
-                # the token's sums per 32 (adjacent sums per 16, |.| <= 4064) times the rows' mins:
-                # i16 x i16 -> i32 multiply-accumulate by element (`smlal`)
-                so = b.mul(i, ir.Constant(I64, 16))
-                s16 = row.load("xs", so, vec(I16, 16), align=2)
-                wide = vec(I32, 4)
-                by32 = b.add(b.shuffle_vector(s16, s16, ir.Constant(vec(I32, 8), list(range(0, 16, 2)))),
-                             b.shuffle_vector(s16, s16, ir.Constant(vec(I32, 8), list(range(1, 16, 2)))))
-                msum = zero
-                for j in range(8):
-                    lane = b.shuffle_vector(by32, by32, ir.Constant(vec(I32, 4), [j] * 4))
-                    msum = b.add(msum, b.mul(b.sext(blk.mins16(j), wide), b.sext(lane, wide)))
-                xd = _fvec_splat(b, row.load("xd", i, F32))
-                b.store(_fma4(b, b.load(accs[1]), msum, b.fmul(blk.dmin4, xd)), accs[1])
-        if ntok == 1:
-            res = b.load(accs[0])
-            if mins:
-                res = b.fsub(res, b.load(accs[1]))
-            _store4(row, "out", row.arg["o"], res, False)
-        else:
-            for t in range(ntok):
-                _store4(row, "out", row.offset("oo", "ostride", t), b.load(accs[t]), kind == "q4_k")
-        return context.get_dummy_value()
-    return codegen
-
-
-def _x4_smmla_codegen(kind: str, ntok: int):
-    """The x4 tile with `smmla` (i8mm): rows (0, 1) and (2, 3) of the x4 row against token
-    pairs. Two 4-value chunks k, k + 1 of a vector pair zipped on 32-bit lanes are a 2x8 matrix
-    of rows (0, 1) (`zip1 .4s`) or (2, 3) (`zip2`); the tokens' 8 values are zipped on 64-bit
-    lanes as in the row-pair tile. Per run and row pair the scales are [s0, s0, s1, s1]."""
-    def codegen(context, builder, signature, args):
-        b = builder
-        row = Row(context, b, signature, args, _X4_TILE, ntok)
-        vf = vec(F32, 4)
-        zero = ir.Constant(V4, [0] * 4)
-        pairs = ntok // 2
-        accs = {(rp, q): cgutils.alloca_once_value(b, ir.Constant(vf, [0.0] * 4)) for rp in range(2) for q in range(pairs)}
-        zip32 = [ir.Constant(vec(I32, 16), [*range(0, 4), *range(16, 20), *range(4, 8), *range(20, 24)]),
-                 ir.Constant(vec(I32, 16), [*range(8, 12), *range(24, 28), *range(12, 16), *range(28, 32)])]
-        with cgutils.for_range(b, row.arg["nb"]) as loop:
-            i = b.sext(loop.index, I64) if loop.index.type.width < 64 else loop.index
-            blk = x4_unpack(kind, row, i)
-            xs = [_x4_token_vectors(row, i, t) for t in range(ntok)]
-            isums = {key: zero for key in accs}
-            for j, units in enumerate(blk.runs):
-                sv = blk.scale(j)
-                svs = [b.shuffle_vector(sv, sv, ir.Constant(vec(I32, 4), [2 * rp, 2 * rp, 2 * rp + 1, 2 * rp + 1]))
-                       for rp in range(2)]
-                s = {key: zero for key in accs}
-                for (w0, off, k), (w1, off1, k1) in zip(units[0::2], units[1::2]):
-                    assert off == off1 and k1 == k + 1 and k % 2 == 0, (off, off1, k, k1)
-                    mats = [b.shuffle_vector(w0, w1, zip32[rp]) for rp in range(2)]
-                    for q in range(pairs):
-                        xb = _zip64(b, xs[2 * q](off), xs[2 * q + 1](off), k // 2)
-                        for rp in range(2):
-                            s[rp, q] = smmla(b, s[rp, q], mats[rp], xb)
-                for key in accs:
-                    isums[key] = b.add(isums[key], b.mul(s[key], svs[key[0]]))
-            xds = [row.load("xd", b.add(row.offset("do", "dstride", t), i), F32) for t in range(ntok)]
-            for rp in range(2):
-                d = b.shuffle_vector(blk.d4, blk.d4, ir.Constant(vec(I32, 4), [2 * rp, 2 * rp, 2 * rp + 1, 2 * rp + 1]))
-                for q in range(pairs):
-                    x4 = ir.Constant(vf, ir.Undefined)
-                    for lane in range(4):
-                        x4 = b.insert_element(x4, xds[2 * q + (lane & 1)], ir.Constant(I32, lane))
-                    b.store(_fma4(b, b.load(accs[rp, q]), isums[rp, q], b.fmul(d, x4)), accs[rp, q])
-        # lanes of accs[rp, q]: (row 2rp, token 2q), (2rp, 2q+1), (2rp+1, 2q), (2rp+1, 2q+1)
-        for q in range(pairs):
-            lo, hi = b.load(accs[0, q]), b.load(accs[1, q])
-            for u in range(2):
-                v = b.shuffle_vector(lo, hi, ir.Constant(vec(I32, 4), [u, 2 + u, 4 + u, 6 + u]))
-                _store4(row, "out", row.offset("oo", "ostride", 2 * q + u), v, kind == "q4_k")
-        return context.get_dummy_value()
-    return codegen
-
-
-def _x4_row_intrinsic(kind: str):
-    def typer(typingctx, row, nb, xq, xd, xs, out, o):
-        return types.void(row, nb, xq, xd, xs, out, o), _x4_sdot_codegen(kind, 1)
-    typer.__name__ = f"{kind}_x4_dot"
-    return intrinsic(typer)
-
-
-def _x4_tile_intrinsic(kind: str, i8mm: bool):
-    from engine.quant.int8_dot import WIDE_TILE
-
-    def typer(typingctx, row, nb, xq, xo, xstride, xd, do, dstride, out, oo, ostride):
-        sig = types.void(row, nb, xq, xo, xstride, xd, do, dstride, out, oo, ostride)
-        return sig, (_x4_smmla_codegen if i8mm else _x4_sdot_codegen)(kind, WIDE_TILE)
-    typer.__name__ = f"{kind}_x4_{'smmla' if i8mm else 'tile'}"
-    return intrinsic(typer)
-
-
-# out[o + r] = x4 row (rows r = 0..3 of a group) times one token's Q8_K activations (xq int8,
-# xd block scales, xs int16 sums per 16): the decode rows of every arm level
-q4_k_x4_dot = _x4_row_intrinsic("q4_k")
-q6_k_x4_dot = _x4_row_intrinsic("q6_k")
-# out[oo + t * ostride + r] (Q4_K: minus what is there, the mins' product) for t < WIDE_TILE
-# tokens (values at xq[xo + t * xstride:], block scales at xd[do + t * dstride:]): `sdot` (N1) ...
-q4_k_x4_tile = _x4_tile_intrinsic("q4_k", False)
-q6_k_x4_tile = _x4_tile_intrinsic("q6_k", False)
-# ... and `smmla` (i8mm: V1/V2)
-q4_k_x4_smmla = _x4_tile_intrinsic("q4_k", True)
-q6_k_x4_smmla = _x4_tile_intrinsic("q6_k", True)

@@ -334,7 +334,7 @@ MATVEC = {T.Q2_K: _mv_q2_k, T.Q3_K: _mv_q3_k, T.IQ4_NL: _mv_iq4_nl, T.IQ4_XS: _m
 
 
 # ----------------------------------------------------------------------------- integer rows (x86)
-# (w, xq, xd, xs16, out) like kernels._mv_k_q8k without its knobs; IQ4_NL takes Q8_0 activations
+# (w, xq, xd, xs16, out) like int8_kernels.mv_k_q8k without its knobs; IQ4_NL takes Q8_0 activations
 # (w, xq int8, xd f32 per 32, out). The format is one kernel each: a plan compiles only its own.
 
 @njit(**_MV)
@@ -385,7 +385,7 @@ MATVEC_INT8 = {T.Q2_K: _mv_q2_k_q8, T.Q3_K: _mv_q3_k_q8, T.IQ4_XS: _mv_iq4_xs_q8
 
 # Several tokens (x86_lowbit's tiles, TILE tokens per weight block): xq (Tp*cols) int8, xd
 # (Tp*nb) f32, xs16 (Tp*cols/16) int16, Tp a multiple of TILE (padding tokens are zeros), out
-# (Tp, rows); rows in chunks of 16 so the tile's activations stay in L1 (kernels._mm_k_q8k).
+# (Tp, rows); rows in chunks of 16 so the tile's activations stay in L1 (int8_kernels.mm_k_q8k).
 _ROW_CHUNK = 16
 
 

@@ -9,7 +9,7 @@ from numba import njit
 
 from engine.llvm_ops import half_bits_to_f32
 
-__all__ = ["DQ", "MV", "f16_at", "group_sums", "half", "qf", "u32_at"]
+__all__ = ["DQ", "MV", "f16_at", "group_sums", "half", "qf", "scale_min_k4", "scale_min_k4_int", "u32_at"]
 
 _F32 = np.float32
 DQ: dict[str, bool] = dict(parallel=True, fastmath=False, cache=True)  # exact decode
@@ -51,3 +51,21 @@ def group_sums(x, group):
 def u32_at(w, p):
     return (np.int64(w[p]) | (np.int64(w[p + 1]) << 8)
             | (np.int64(w[p + 2]) << 16) | (np.int64(w[p + 3]) << 24))
+
+
+@njit(inline="always", cache=True)
+def scale_min_k4_int(w, p, j):
+    """get_scale_min_k4 for sub-block j of the 12 scale bytes at w[p:p+12], as integers."""
+    if j < 4:
+        sc = w[p + j] & 63
+        m = w[p + j + 4] & 63
+    else:
+        sc = (w[p + j + 4] & 0xF) | ((w[p + j - 4] >> 6) << 4)
+        m = (w[p + j + 4] >> 4) | ((w[p + j] >> 6) << 4)
+    return sc, m
+
+
+@njit(inline="always", cache=True)
+def scale_min_k4(w, p, j):
+    sc, m = scale_min_k4_int(w, p, j)
+    return _F32(sc), _F32(m)

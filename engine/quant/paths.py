@@ -193,7 +193,7 @@ def has_int8(qtype) -> bool:
 
 def x4_layout(qtype) -> bool:
     """Whether `qtype`'s integer kernels here take its weights repacked 4 rows interleaved
-    (arm_neon.repack_x4, once per matrix when MatvecPlan is built): X4_FORMATS on the arm64 int8
+    (arm_x4.repack_x4, once per matrix when MatvecPlan is built): X4_FORMATS on the arm64 int8
     levels. The kernel names say so with an `x4` suffix."""
     return target().level.is_arm and has_int8(qtype) and T(qtype) in X4_FORMATS
 

@@ -21,7 +21,7 @@ from engine.quant.int8_dot import (F32, I8, I16, I32, I64, accumulate, pair_sums
 
 def tile_block(kind: str, vnni: bool):
     """Block body for int8_dot's tile codegen (8-lane float accumulators). Q4_K's mins are left
-    to the caller, as in every tile (kernels._mm_k_q8k)."""
+    to the caller, as in every tile (int8_kernels.mm_k_q8k)."""
     def block(row, a, i, accs):
         b = row.b
         i64 = lambda v: ir.Constant(I64, v)  # noqa: E731

@@ -174,7 +174,7 @@ def test_every_kernel_the_model_compiles_is_vectorised(model_factory):
     # `generic` another test in this process may have compiled their portable IR (test_quant_kernels
     # forces them), but the model here never runs them.
     int8_only = set() if K.has_int8_kernels(T.Q4_K) else {
-        k.__name__ for k in (*K._MATVEC_INT8.values(), K._mm_k_q8k, K._mm_q8_0_q8, K._mm_q5_k_q8k)}
+        k.__name__ for k in (*K._MATVEC_INT8.values(), K.mm_k_q8k, K.mm_q8_0_q8, K.mm_q5_k_q8k)}
     for modname, mod in list(sys.modules.items()):
         if not modname.startswith("engine") or mod is None:
             continue

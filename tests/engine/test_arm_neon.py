@@ -11,7 +11,7 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from gguf import quants as gq
 
-from engine.quant import arm_neon
+from engine.quant import arm_x4
 from engine.quant import kernels as K
 from engine.quant import choice, paths
 from engine.quant.activations import round_activations
@@ -49,10 +49,10 @@ def test_x4_layout_holds_the_rows_weights(qtype, rows):
     # (Q6_K) or 16 more per 4 rows and block (Q4_K's 6-bit scales and mins as bytes)
     cols = 512
     raw = _random_blocks(qtype, rows, cols, rows)
-    w4 = arm_neon.repack_x4(qtype, raw)
-    assert w4.shape == (-(-rows // 4), cols // 256 * arm_neon.X4_BLOCK[arm_neon._X4_KIND[qtype]])
+    w4 = arm_x4.repack_x4(qtype, raw)
+    assert w4.shape == (-(-rows // 4), cols // 256 * arm_x4.X4_BLOCK[arm_x4._X4_KIND[qtype]])
     want = gq.dequantize(raw, qtype).reshape(rows, cols).astype(np.float32)
-    np.testing.assert_array_equal(arm_neon.dequantize_x4(qtype, w4, rows), want)
+    np.testing.assert_array_equal(arm_x4.dequantize_x4(qtype, w4, rows), want)
 
 
 @on_arm
@@ -114,11 +114,11 @@ def test_arm_kernels_are_sdot_code(qtype):
     plan.tokens(np.ones((3, cols), np.float32))
     i8mm = paths.tile_level(qtype) == "neon-i8mm"
     if plan.x4:
-        tile = K._mm_k_x4_smmla if i8mm else K._mm_k_x4
+        tile = K.mm_k_x4_smmla if i8mm else K.mm_k_x4
     elif i8mm:
-        tile = K._mm_q8_0_smmla if qtype == T.Q8_0 else K._mm_k_smmla
+        tile = K.mm_q8_0_smmla if qtype == T.Q8_0 else K.mm_k_smmla
     else:
-        tile = {T.Q8_0: K._mm_q8_0_q8, T.Q5_K: K._mm_q5_k_q8k}.get(qtype, K._mm_k_q8k)
+        tile = {T.Q8_0: K.mm_q8_0_q8, T.Q5_K: K.mm_q5_k_q8k}.get(qtype, K.mm_k_q8k)
     for kernel, want in ((plan.kernel, "sdot"), (tile, "smmla" if i8mm else "sdot")):
         asm = "\n".join(asm_of(kernel))
         for op in (want, "prfm"):

@@ -62,7 +62,7 @@ def _compiled(qtype, tokens: int):
         return K._LOWBIT_PANEL[qtype]
     if qtype in K._LOWBIT_MM:
         return K._LOWBIT_MM[qtype]
-    return K._mm_q8_0_q8 if qtype == T.Q8_0 else K._mm_k_q8k
+    return K.mm_q8_0_q8 if qtype == T.Q8_0 else K.mm_k_q8k
 
 
 @pytest.mark.parametrize("tokens", [1, 5], ids=["decode", "tile"])

@@ -102,12 +102,12 @@ for qt in X86_INT8:
     res["errors"][qt.name] = worst
 # IQ4_XS's, Q3_K's and Q5_K's tiles: 512-bit vpdpbusd at avx512vnni only (x86_lowbit.py), AVX2 elsewhere
 res["vnni512_tiles"] = {qt.name: "vpdpbusd" in "\n".join(asm_of(K._LOWBIT_MM[qt])) for qt in paths.X86_LOWBIT_VNNI512}
-asm = "\n".join(asm_of(K._LOWBIT_PANEL[T.Q4_K] if T.Q4_K in K._LOWBIT_PANEL else K._mm_k_q8k))
+asm = "\n".join(asm_of(K._LOWBIT_PANEL[T.Q4_K] if T.Q4_K in K._LOWBIT_PANEL else K.mm_k_q8k))
 res["asm"] = {op: op in asm for op in sys.argv[1].split(",") if op}
 # the Q8_0 decode row and tile: the block scale converted without a merge into a live register
 plan = K.MatvecPlan(T.Q8_0, _random_blocks(T.Q8_0, 4096, 256, 3), 4096, 256)
 plan(np.ones(256, np.float32), np.empty(4096, np.float32))
-q8 = "\n".join(asm_of(plan.kernel) + asm_of(K._mm_q8_0_q8))
+q8 = "\n".join(asm_of(plan.kernel) + asm_of(K.mm_q8_0_q8))
 res["q8_0_merges"] = [line.strip() for line in q8.splitlines() if "vpinsrw" in line]
 print("RESULT " + json.dumps(res))
 """
