@@ -2,7 +2,7 @@
 
 ``--format IQ4_XS --rows 4096 --cols 4096 --tokens 512``: random blocks (sane f16 scales), the
 activations quantized to Q8_K once (as a forward shares them between the projections that read
-one input), then `MatvecPlan.tokens_q8k` (the tile this CPU runs: x86_lowbit's panel tiles on
+one input), then `MatvecPlan.tokens_q8k` (the tile this CPU runs: x86.lowbit's panel tiles on
 AVX-512 VNNI) and `dequantize_rows_into` + ``x @ W.T`` alternating in one process, min and
 median of N rounds. The machines here are shared: compare the two columns of one run, not runs.
 """

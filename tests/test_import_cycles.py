@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("engine", "function")
 
 # the cycles allowed: none since 2026-12-06 (formats <-> lowbit: block_base.py; paths out of the
-# kernel loop: choice.py; kernels <-> lowbit_kernels <-> arm_lowbit: njit_base.py; int8_dot <-> the
+# kernel loop: choice.py; kernels <-> lowbit_kernels <-> arm/lowbit: njit_base.py; int8_dot <-> the
 # ISA files: they register their block bodies, int8_dot.register_bodies). Keep it empty.
 ALLOWED: tuple[frozenset[str], ...] = ()
 

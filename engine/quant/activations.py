@@ -103,7 +103,7 @@ class Q8KTokens:
 
     def p16(self) -> tuple[np.ndarray, np.ndarray]:
         """(q in the P16 order, the sums per 16 values times the block scale, f32) for
-        x86_lowbit's panel tiles, made once per quantization: every matrix that reads this input
+        x86.lowbit's panel tiles, made once per quantization: every matrix that reads this input
         shares them (`_permute_p16`)."""
         if self._p16 is None:
             qp = _aligned64(self.q.size, np.int8)

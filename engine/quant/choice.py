@@ -21,7 +21,7 @@ def decode_path(qtype) -> str:
     # arm64's decode rows are `sdot` on every level that has them (smmla needs two tokens)
     if target().level.is_arm:
         return "neon-dotprod-int8" + ("x4" if x4_layout(qtype) else "")
-    # x86_lowbit.py's rows are AVX2 instructions on every x86 level (256-bit: decode is bound by
+    # x86/lowbit.py's rows are AVX2 instructions on every x86 level (256-bit: decode is bound by
     # the weight stream, not the multiplies)
     return "avx2-int8" if T(qtype) in X86_LOWBIT_INT8 else f"{target().level}-int8"
 

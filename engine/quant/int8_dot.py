@@ -8,8 +8,8 @@ horizontal sum per row. numba cannot say this: it types integer arithmetic as in
 loops run 4 lanes per AVX2 register. The intrinsics below run a whole row (or a row times TILE
 tokens) as generic IR that LLVM's backends lower to those instructions. The row bodies here
 name no target intrinsic; the tiles take their block bodies from the ISA file of the level, which
-registers them here at its import (x86_avx2.py, x86_avx512.py, arm_neon.py: `register_bodies`),
-and arm64 with dot products runs arm_neon.py's rows instead of these. This file imports no ISA
+registers them here at its import (x86/avx2.py, x86/avx512.py, arm/neon.py: `register_bodies`),
+and arm64 with dot products runs arm/neon.py's rows instead of these. This file imports no ISA
 file.
 
 What keeps LLVM on the fast instructions (measured on znver3, `python -m bench.kernels`, Q4_K
@@ -516,7 +516,7 @@ def _k_block_wide(kind: str):
     <16 x float> accumulator. Q4_K's mins are left out: the caller subtracts them as one small
     float product for all blocks (kernels.py), which measured ~20% faster than a float
     multiply-add per block and token here. The x86 levels have their own files
-    (x86_avx2.py, x86_avx512.py: `tile_block`)."""
+    (x86/avx2.py, x86/avx512.py: `tile_block`)."""
     def block(row, a, i, accs):
         b = row.b
         blk = wide_unpack(kind, row, a, i)
@@ -534,8 +534,26 @@ def _k_block_wide(kind: str):
     return block
 
 
-# The ISA files' block bodies, registered by each at its import (x86_avx2.py, x86_avx512.py,
-# arm_neon.py; kernels.py, the dispatcher above, imports them): this file names no ISA file.
+def q3_k_scales(b, u0, u1, u2):
+    """The 12 packed 6-bit scale bytes (three little-endian i32) -> <16 x i8> scales - 32
+    (llama.cpp's kmask1/kmask2 unpacking: scale j's low nibble in nibble j // 8 of byte j % 8,
+    its top 2 bits at bit 2 * (j // 4) of byte 8 + j % 4)."""
+    c = lambda v: ir.Constant(I32, v)  # noqa: E731
+    k1, k2 = c(0x03030303), c(0x0F0F0F0F)
+    parts = (
+        b.or_(b.and_(u0, k2), b.shl(b.and_(u2, k1), c(4))),
+        b.or_(b.and_(u1, k2), b.shl(b.and_(b.lshr(u2, c(2)), k1), c(4))),
+        b.or_(b.and_(b.lshr(u0, c(4)), k2), b.shl(b.and_(b.lshr(u2, c(4)), k1), c(4))),
+        b.or_(b.and_(b.lshr(u1, c(4)), k2), b.shl(b.and_(b.lshr(u2, c(6)), k1), c(4))),
+    )
+    v = ir.Constant(vec(I32, 4), ir.Undefined)
+    for k, part in enumerate(parts):
+        v = b.insert_element(v, part, c(k))
+    return b.sub(b.bitcast(v, vec(I8, 16)), ir.Constant(vec(I8, 16), [32] * 16))
+
+
+# The ISA files' block bodies, registered by each at its import (x86/avx2.py, x86/avx512.py,
+# arm/neon.py; kernels.py, the dispatcher above, imports them): this file names no ISA file.
 # A body maker takes (kind, level) and returns (block body, accumulator lanes).
 BodyMaker = Callable[[str, Any], tuple[Callable, int]]
 _TILE_BODIES: dict[str, BodyMaker] = {}
@@ -574,13 +592,13 @@ def _tile_block(kind: str):
 
 def _portable(kind: str) -> None:
     if kind == "q5_k":
-        raise TypeError("the Q5_K integer kernels are arm64's (arm_neon.py); kernels.has_int8_kernels "
+        raise TypeError("the Q5_K integer kernels are arm64's (arm/neon.py); kernels.has_int8_kernels "
                         "keeps Q5_K on the float kernels elsewhere")
 
 
 def _row_block(kind: str):
     """The decode row's block body for the level numba compiles for, and its accumulator width:
-    arm64 with dot products has its own (arm_neon.py), every other level this file's IR."""
+    arm64 with dot products has its own (arm/neon.py), every other level this file's IR."""
     from engine.quant import paths
 
     level = paths.target().level
@@ -616,7 +634,7 @@ def q6_k_row_dot(typingctx, row, nb, xq, xd, xs, knobs):
 
 @intrinsic
 def q5_k_row_dot(typingctx, row, nb, xq, xd, xs, knobs):
-    """`q4_k_row_dot` for a Q5_K row: arm64 with dot products only (arm_neon.py)."""
+    """`q4_k_row_dot` for a Q5_K row: arm64 with dot products only (arm/neon.py)."""
     block, lanes = _row_block("q5_k")
     return types.float32(row, nb, xq, xd, xs, knobs), row_codegen(_K_ROW, 1, block, lanes=lanes)
 
@@ -640,7 +658,7 @@ def q6_k_row_dot_tile(typingctx, row, nb, xq, xo, xstride, xd, do, dstride, xs, 
 
 @intrinsic
 def q5_k_row_dot_tile(typingctx, row, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res, knobs):
-    """`q4_k_row_dot_tile` for a Q5_K row: arm64 with dot products only (arm_neon.py)."""
+    """`q4_k_row_dot_tile` for a Q5_K row: arm64 with dot products only (arm/neon.py)."""
     sig = types.void(row, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res, knobs)
     block, lanes = _tile_block("q5_k")
     return sig, row_codegen(_K_TILE, WIDE_TILE, block, lanes=lanes)

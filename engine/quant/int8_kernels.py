@@ -39,7 +39,7 @@ def mv_k_q8k(w, xq, xd, xs16, out, knobs, q6):
 
 @njit(**_MV)
 def mv_q5_k_q8k(w, xq, xd, xs16, out, knobs, q6):
-    # arm64 only (arm_neon.py): mv_k_q8k's arguments, so MatvecPlan calls both alike
+    # arm64 only (arm/neon.py): mv_k_q8k's arguments, so MatvecPlan calls both alike
     nb = xd.shape[0]
     for r in prange(w.shape[0]):
         out[r] = q5_k_row_dot(w[r], nb, xq, xd, xs16, knobs)
@@ -85,7 +85,7 @@ def mm_k_q8k(w, xq, xd, xs16, out, knobs, q6):
 
 @njit(**_MV)
 def mm_q5_k_q8k(w, xq, xd, xs16, out, knobs):
-    # mm_k_q8k for Q5_K (arm64 only, arm_neon.py): out holds the mins' product on entry
+    # mm_k_q8k for Q5_K (arm64 only, arm/neon.py): out holds the mins' product on entry
     tp = out.shape[0]
     nb = xd.shape[0] // tp
     cols = nb * 256

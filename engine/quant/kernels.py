@@ -13,8 +13,8 @@ needs, over the kernel files that each do one job:
 
 The float kernels (float_kernels.py) are portable LLVM, the same code on arm64 Graviton and
 x86_64. The integer kernels are per ISA: int8_kernels.py over int8_dot.py's generic IR (block
-bodies from x86_avx2.py / x86_avx512.py) and x86_lowbit.py on the x86 levels, arm_tiles.py over
-arm_neon.py / arm_lowbit.py (`sdot`, `smmla`) on arm64 with dot products, chosen by the level
+bodies from x86/avx2.py / x86/avx512.py) and x86/lowbit.py on the x86 levels, arm/tiles.py over
+arm/neon.py / arm/lowbit.py (`sdot`, `smmla`) on arm64 with dot products, chosen by the level
 engine/quant/paths.py reads once.
 
 ``bench_matvec(qtype, rows, cols, reps)`` returns weight-bytes GB/s for the benchmark script.
@@ -32,9 +32,9 @@ from engine.jit import SERIAL_BELOW, serial_twin
 
 from .activations import Q8KTokens, quantize_q8_0, quantize_q8_k, quantize_q8_k_tokens, round_activations
 from . import paths
-from . import arm_x4
-from . import x86_avx2, x86_avx512  # noqa: F401 (they register their block bodies with int8_dot)
-from .arm_tiles import mm_k_smmla, mm_k_x4, mm_k_x4_smmla, mm_q8_0_smmla, mv_k_x4, q4_k_mins_x4
+from .arm.x4 import release_pages, repack_x4
+from .x86 import avx2, avx512  # noqa: F401 (they register their block bodies with int8_dot)
+from .arm.tiles import mm_k_smmla, mm_k_x4, mm_k_x4_smmla, mm_q8_0_smmla, mv_k_x4, q4_k_mins_x4
 from .float_kernels import DEQUANT as _FLOAT_DEQUANT, MATVEC as _FLOAT_MATVEC, MV_ARGS, PREPARED, prepare_scales
 from .formats import get_format, quantize, row_bytes
 from .int8_dot import KNOBS, TILE, WIDE_TILE
@@ -54,9 +54,9 @@ def prepare(qtype, raw: np.ndarray, rows: int, cols: int):
 # ----------------------------------------------------------------------------- dispatch
 
 # The smaller downloads' formats (Q2_K, Q3_K, IQ4_NL, IQ4_XS, IQ3_S, IQ3_XXS): engine/quant/lowbit_kernels.py,
-# arm64's `sdot` rows and tiles for them instead (arm_lowbit.py)
+# arm64's `sdot` rows and tiles for them instead (arm/lowbit.py)
 if paths.target().level.is_arm:
-    from .arm_lowbit import MATVEC_INT8 as _LOWBIT_MATVEC_INT8, MULTI_TOKEN_INT8 as _LOWBIT_MM
+    from .arm.lowbit import MATVEC_INT8 as _LOWBIT_MATVEC_INT8, MULTI_TOKEN_INT8 as _LOWBIT_MM
 
 _DEQUANT = {**_FLOAT_DEQUANT, **_LOWBIT_DEQUANT}
 _MATVEC = {**_FLOAT_MATVEC, **_LOWBIT_MATVEC}
@@ -103,17 +103,17 @@ def dequantize_rows_into(qtype, raw: np.ndarray, out: np.ndarray) -> None:
 # Integer matrix-vector kernels: K formats take Q8_K activations (w, xq, xd, xs16, out, knobs,
 # q6), Q8_0 takes Q8_0 activations (w, xq16, xd, out).
 _MATVEC_INT8 = {T.Q4_K: mv_k_q8k, T.Q6_K: mv_k_q8k, T.Q8_0: mv_q8_0_q8, T.Q5_K: mv_q5_k_q8k,
-                **_LOWBIT_MATVEC_INT8}  # x86_lowbit.py's rows: (w, xq, xd, xs16, out), IQ4_NL (w, xq, xd, out)
+                **_LOWBIT_MATVEC_INT8}  # x86/lowbit.py's rows: (w, xq, xd, xs16, out), IQ4_NL (w, xq, xd, out)
 _KNOBBED = {T.Q4_K, T.Q6_K, T.Q5_K} - set(_LOWBIT_MATVEC_INT8)  # int8_dot's rows take (..., out, KNOBS, q6)
 _Q8_0_INT8 = {T.Q8_0, T.IQ4_NL}  # integer rows against Q8_0 activations
 _MATVEC_INT8_SERIAL = {qt: serial_twin(k) for qt, k in _MATVEC_INT8.items()}
 _MULTI_TOKEN = {T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0, *_LOWBIT_MM}  # formats with a multi-token kernel (_mm_*)
 _MV_K_X4_SERIAL = serial_twin(mv_k_x4)
-_PORTABLE_INT8 = {T.Q4_K, T.Q6_K, T.Q8_0}  # int8_dot.py's generic IR (Q5_K: arm_neon.py only)
+_PORTABLE_INT8 = {T.Q4_K, T.Q6_K, T.Q8_0}  # int8_dot.py's generic IR (Q5_K: arm/neon.py only)
 
 
 # Where int8_dot.py's generic IR runs besides the levels paths.has_int8 names (the x86 levels;
-# arm64 with dot products runs arm_neon.py's own kernels): tests add a machine here to run the
+# arm64 with dot products runs arm/neon.py's own kernels): tests add a machine here to run the
 # portable IR elsewhere (under emulation).
 INT8_MACHINES = {"x86_64", "AMD64"}
 
@@ -146,8 +146,8 @@ def has_multi_token_kernel(qtype) -> bool:
 # Zen 5, 3584x1024 Q4_K at T = 512: tile 264-278 GMAC/s vs dequantize + BLAS 216-231, whole
 # 512-token forward 1.24-1.27 s vs 1.66-1.79 s. Emerald Rapids (one 512-bit integer-multiply
 # port), whole 512-token forwards, two copies of the model in one process alternating, best of
-# 3-4, two runs: the x86_avx512 VNNI tile 69.2 and 95.4 tok/s vs dequantize + OpenBLAS 101.1 and
-# 93.4 (a loss, then a tie); the AVX2 tile (x86_avx2) lost per matrix, 42-45 vs 59-70 GMAC/s.
+# 3-4, two runs: the x86.avx512 VNNI tile 69.2 and 95.4 tok/s vs dequantize + OpenBLAS 101.1 and
+# 93.4 (a loss, then a tie); the AVX2 tile (x86.avx2) lost per matrix, 42-45 vs 59-70 GMAC/s.
 #
 # arm64 with dot products: the `sdot` tiles at every length. Not measured (no Graviton here):
 # Arm's Neoverse N1 Software Optimization Guide (its ASIMD integer and floating-point instruction tables) gives SDOT (16 int8 MACs)
@@ -174,7 +174,7 @@ def _tiles_win_at_every_length() -> bool:
 SHORT_PREFILL = 64
 
 
-# The low-bit formats' 256-bit tiles (x86_lowbit.py) against dequantize + BLAS at 512 tokens,
+# The low-bit formats' 256-bit tiles (x86/lowbit.py) against dequantize + BLAS at 512 tokens,
 # whole forwards of the 0.8B IQ4_XS file, 2 threads, Zen 5, separate processes alternating, best
 # of 2 each, on the shared host: at load average 15-17 tiles 20.73 and 13.90 tok/s, dequantize +
 # BLAS 13.63 and 12.81; at load average 3.4-5 tiles 85.48 and 70.27, dequantize + BLAS 46.67 and 47.0. Their dequantization is costlier than Q4_K's (lookups, lattices), which
@@ -213,7 +213,7 @@ class MatvecPlan:
         if self.int8:
             self.kernel = (_MATVEC_INT8_SERIAL if small else _MATVEC_INT8)[qt]
             if qt in _Q8_0_INT8:
-                # IQ4_NL's rows (x86_lowbit.py) take the int8 values; Q8_0's x86 row int16
+                # IQ4_NL's rows (x86/lowbit.py) take the int8 values; Q8_0's x86 row int16
                 self.xq = np.empty(cols, _q8_0_activations() if qt == T.Q8_0 else np.int8)
                 self.xd = np.empty(cols // 32, np.float32)
             else:
@@ -224,10 +224,10 @@ class MatvecPlan:
             self.args: tuple = (KNOBS, qt == T.Q6_K) if qt in _KNOBBED else ()
             if self.x4:
                 # arm64: the x4 layout replaces the row-major bytes (this plan holds only w4;
-                # the file's pages of the matrix are given back, arm_x4.release_pages)
+                # the file's pages of the matrix are given back, arm/x4.py release_pages)
                 raw_rows = self.w
-                self.w = arm_x4.repack_x4(qt, raw_rows)
-                arm_x4.release_pages(raw_rows)
+                self.w = repack_x4(qt, raw_rows)
+                release_pages(raw_rows)
                 del raw_rows
                 self.kernel = _MV_K_X4_SERIAL if small else mv_k_x4
                 self.args = (rows, qt == T.Q6_K)
@@ -270,11 +270,11 @@ class MatvecPlan:
         out = np.empty((a.padded, self.rows), np.float32)
         if self.x4:
             return self._tokens_x4(a, out)
-        if self.qtype in _LOWBIT_PANEL:  # x86_lowbit.py's panel tiles (AVX-512 VNNI)
+        if self.qtype in _LOWBIT_PANEL:  # x86/lowbit.py's panel tiles (AVX-512 VNNI)
             qp, xsf = a.p16()
             _LOWBIT_PANEL[self.qtype](self.w, qp, a.d, xsf, out)
             return out[:a.tokens]
-        if self.qtype in _LOWBIT_MM:  # x86_lowbit.py's tiles: offsets and mins inside
+        if self.qtype in _LOWBIT_MM:  # x86/lowbit.py's tiles: offsets and mins inside
             _LOWBIT_MM[self.qtype](self.w, a.q, a.d, a.sums16, out)
             return out[:a.tokens]
         q6 = self.qtype == T.Q6_K

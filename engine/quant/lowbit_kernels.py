@@ -10,7 +10,7 @@ and (x86, AVX2 and up) integer decode rows.
 
 * ``_mv_*_q8`` (``MATVEC_INT8``) and ``_mm_*_q8`` (``MULTI_TOKEN_INT8``, several tokens): on x86
   (every level from AVX2 up) Q2_K, Q3_K, IQ4_XS, IQ3_S, IQ4_NL and Q5_K multiply in integer arithmetic against the activations quantized as llama.cpp
-  quantizes them (engine/quant/x86_lowbit.py); arm64 takes arm_lowbit.py's instead, IQ3_XXS
+  quantizes them (engine/quant/x86/lowbit.py); arm64 takes arm/lowbit.py's instead, IQ3_XXS
   keeps the float rows above. engine/quant/paths.py names the path per format.
 * ``_mm_*_panel`` (``MULTI_TOKEN_INT8`` on AVX-512 VNNI for IQ4_XS, Q3_K, Q5_K: ``PANEL``): the
   panel tiles, for prompts of every length there (`_panel_rows`).
@@ -35,7 +35,7 @@ from .njit_base import group_sums as _group_sums
 from .njit_base import qf as _qf
 from .njit_base import u32_at as _u32_at
 from .lowbit import IQ4_LEVELS, iq_grid, ksigns
-from .x86_lowbit import (PANEL_BYTES, PANEL_ROWS, PANEL_SCALES, PANEL_TOKENS, TILE, iq3_s_row_dot, iq3_s_row_dot_tile,
+from .x86.lowbit import (PANEL_BYTES, PANEL_ROWS, PANEL_SCALES, PANEL_TOKENS, TILE, iq3_s_row_dot, iq3_s_row_dot_tile,
                          iq4_nl_row_dot, iq4_nl_row_dot_tile, iq4_xs_row_dot, iq4_xs_row_dot_tile, iq4_xs_unpack_panel,
                          panel_tile, q2_k_row_dot, q2_k_row_dot_tile, q3_k_row_dot, q3_k_row_dot_tile,
                          q3_k_unpack_panel, q4_k_unpack_panel, q5_k_row_dot, q5_k_row_dot_tile, q5_k_unpack_panel,
@@ -383,7 +383,7 @@ MATVEC_INT8 = {T.Q2_K: _mv_q2_k_q8, T.Q3_K: _mv_q3_k_q8, T.IQ4_XS: _mv_iq4_xs_q8
                T.IQ4_NL: _mv_iq4_nl_q8}
 
 
-# Several tokens (x86_lowbit's tiles, TILE tokens per weight block): xq (Tp*cols) int8, xd
+# Several tokens (x86.lowbit's tiles, TILE tokens per weight block): xq (Tp*cols) int8, xd
 # (Tp*nb) f32, xs16 (Tp*cols/16) int16, Tp a multiple of TILE (padding tokens are zeros), out
 # (Tp, rows); rows in chunks of 16 so the tile's activations stay in L1 (int8_kernels.mm_k_q8k).
 _ROW_CHUNK = 16
@@ -429,7 +429,7 @@ def _mm_iq4_xs_q8(w, xq, xd, xs16, out):
     _tile_rows(w, xq, xd, xs16, out, 2)
 
 
-# Panels: _PANEL rows' blocks k0..k0 + _PANEL_K unpacked once (x86_lowbit.*_unpack_panel:
+# Panels: _PANEL rows' blocks k0..k0 + _PANEL_K unpacked once (x86.lowbit.*_unpack_panel:
 # 64 x 16 x 384 bytes = 384 KB, in L2), then every 4-token tile (20 KB of activations and sums,
 # in L1) passes every row pair of the panel. Single-thread sweeps on Emerald Rapids (4096 x 4096 x
 # 512, separate processes, best of 3) put 16-128 rows and 8-32 blocks within the host's noise.
@@ -534,13 +534,13 @@ def _mm_iq4_nl_q8(w, xq, xd, out):
 
 MULTI_TOKEN_INT8 = {T.Q2_K: _mm_q2_k_q8, T.Q3_K: _mm_q3_k_q8, T.IQ4_XS: _mm_iq4_xs_q8, T.IQ3_S: _mm_iq3_s_q8,
                     T.IQ4_NL: _mm_iq4_nl_q8}
-# Q5_K: arm64 has its own rows and tiles (arm_neon.py, in kernels.py); these on x86 only
+# Q5_K: arm64 has its own rows and tiles (arm/neon.py, in kernels.py); these on x86 only
 if paths.target().level.is_x86_int8:
     MATVEC_INT8[T.Q5_K] = _mv_q5_k_q8
     MULTI_TOKEN_INT8[T.Q5_K] = _mm_q5_k_q8
 # The panel tiles (AVX-512 VNNI), which take the activations in the P16 order (Q8KTokens.p16;
 # kernels.MatvecPlan.tokens_q8k runs PANEL's before any other tile): paths.X86_LOWBIT_VNNI512's
-# on every AVX-512 VNNI core, and Q4_K's and Q6_K's where x86_avx512.py's tiles do not win at
+# on every AVX-512 VNNI core, and Q4_K's and Q6_K's where x86/avx512.py's tiles do not win at
 # every prompt length (Intel).
 PANEL: dict = {}
 if paths.target().level == paths.Level.AVX512VNNI:

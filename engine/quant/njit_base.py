@@ -1,6 +1,6 @@
 """numba helpers every kernel file shares: the compile options of the exact decoders and of the
 reductions, and the small inlined readers of block fields. A leaf: it imports no kernel file, so
-kernels.py, lowbit_kernels.py and arm_lowbit.py all build on it without importing each other.
+kernels.py, lowbit_kernels.py and arm/lowbit.py all build on it without importing each other.
 """
 from __future__ import annotations
 

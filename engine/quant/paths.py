@@ -5,27 +5,27 @@ takes the CPU name from NUMBA_CPU_NAME (else the host) and the ISA features from
 NUMBA_CPU_FEATURES (else the host's, whatever the name says — NUMBA_CPU_NAME=haswell alone
 still compiles AVX-512 on an AVX-512 host). `target()` reads both the way numba does.
 
-Levels (one kernel file each under engine/quant/):
+Levels (one folder of kernel files per ISA under engine/quant/: x86/, arm/):
 
 | level | where | int8 products | file |
 |---|---|---|---|
-| `avx512vnni` | Ice Lake+ Xeons, Zen 4/5 | `vpdpbusd` (+ `vpackssdw`, `vpdpwssd` for the K scales), 512-bit | `x86_avx512.py` |
-| `avx512bw` | Skylake-X / Cascade Lake without VNNI use | `vpmaddubsw` + `vpmaddwd`, 512-bit | `x86_avx512.py` |
-| `avxvnni` | Alder Lake+, Sierra Forest (AVX2 + VEX VNNI) | `vpdpbusd` + `vpackssdw` + `vpdpwssd`, 256-bit | `x86_avx2.py` |
-| `avx2` | Haswell+, Zen 1-3: the floor Lambda promises on x86 | `vpmaddubsw` + `vpmaddwd`, 256-bit | `x86_avx2.py` |
-| `neon-i8mm` | Graviton3/4 (Neoverse V1/V2): dotprod + i8mm | `sdot` rows, `smmla` tiles (low-bit: `sdot`) | `arm_neon.py`, `arm_lowbit.py` |
-| `neon-dotprod` | Graviton2 (Neoverse N1): Armv8.2 + dotprod | `sdot` rows and tiles | `arm_neon.py`, `arm_lowbit.py` |
-| `portable` | arm64 without dot products, older x86 | float kernels, dequantize + BLAS | `kernels.py` |
+| `avx512vnni` | Ice Lake+ Xeons, Zen 4/5 | `vpdpbusd` (+ `vpackssdw`, `vpdpwssd` for the K scales), 512-bit | `x86/avx512.py` |
+| `avx512bw` | Skylake-X / Cascade Lake without VNNI use | `vpmaddubsw` + `vpmaddwd`, 512-bit | `x86/avx512.py` |
+| `avxvnni` | Alder Lake+, Sierra Forest (AVX2 + VEX VNNI) | `vpdpbusd` + `vpackssdw` + `vpdpwssd`, 256-bit | `x86/avx2.py` |
+| `avx2` | Haswell+, Zen 1-3: the floor Lambda promises on x86 | `vpmaddubsw` + `vpmaddwd`, 256-bit | `x86/avx2.py` |
+| `neon-i8mm` | Graviton3/4 (Neoverse V1/V2): dotprod + i8mm | `sdot` rows, `smmla` tiles (low-bit: `sdot`) | `arm/neon.py`, `arm/x4.py`, `arm/tiles.py`, `arm/lowbit.py` |
+| `neon-dotprod` | Graviton2 (Neoverse N1): Armv8.2 + dotprod | `sdot` rows and tiles | `arm/neon.py`, `arm/x4.py`, `arm/tiles.py`, `arm/lowbit.py` |
+| `portable` | arm64 without dot products, older x86 | float kernels, dequantize + BLAS | `float_kernels.py`, `lowbit_kernels.py` |
 
 Q2_K, Q3_K, Q5_K, IQ4_XS, IQ4_NL and IQ3_S (`X86_LOWBIT_INT8`) have integer decode rows and
-short-prefill tiles on the x86 levels, the same AVX2 instructions on each (`x86_lowbit.py`,
+short-prefill tiles on the x86 levels, the same AVX2 instructions on each (`x86/lowbit.py`,
 named `avx2-int8`), except IQ4_XS's, Q3_K's and Q5_K's on avx512vnni (`X86_LOWBIT_VNNI512`:
 the panel tiles, 512-bit `vpdpbusd`, named `avx512vnni-int8`, for prefills of every length, Intel's
 and AMD's); the others' long prefills run the tiles where Q4_K's do (Zen with AVX-512), else
 dequantize + BLAS. On arm64 with dot products Q2_K, Q3_K, IQ4_XS, IQ4_NL and IQ3_S
-(`ARM_LOWBIT_INT8`) have `sdot` decode rows and tiles (`arm_lowbit.py`, named `neon-dotprod-int8`
+(`ARM_LOWBIT_INT8`) have `sdot` decode rows and tiles (`arm/lowbit.py`, named `neon-dotprod-int8`
 for decode and for prefills of every length, V1/V2 included: no `smmla` tile for them yet), as
-Q4_K/Q5_K/Q6_K/Q8_0 have in `arm_neon.py`. IQ3_XXS is float rows / dequantize + BLAS everywhere.
+Q4_K/Q5_K/Q6_K/Q8_0 have in `arm/neon.py`. IQ3_XXS is float rows / dequantize + BLAS everywhere.
 
 engine/quant/choice.py's `kernel_paths()` is what the init log line and the bench receipt print:
 `{"Q4_K": {"decode": "avx2-int8", "prefill": "avx512vnni-int8"}, ...}`. This module imports no
@@ -58,12 +58,12 @@ class Level(StrEnum):
 
     @property
     def is_arm(self) -> bool:
-        """arm64 with dot products: arm_neon.py's and arm_lowbit.py's kernels."""
+        """arm64 with dot products: arm/neon.py's and arm/lowbit.py's kernels."""
         return self in (Level.NEON_I8MM, Level.NEON_DOTPROD)
 
     @property
     def is_x86_int8(self) -> bool:
-        """An x86 level with integer kernels (x86_avx2.py / x86_avx512.py, x86_lowbit.py)."""
+        """An x86 level with integer kernels (x86/avx2.py / x86/avx512.py, x86/lowbit.py)."""
         return self in (Level.AVX512VNNI, Level.AVX512BW, Level.AVXVNNI, Level.AVX2)
 
     @property
@@ -105,17 +105,17 @@ X86_CASCADELAKE = X86_64_V3 + ("avx512f", "avx512cd", "avx512bw", "avx512dq", "a
 X86_CPU_FEATURES = {"x86-64-v3": X86_64_V3, "cascadelake": X86_CASCADELAKE}
 
 INT8_FORMATS = (T.Q4_K, T.Q6_K, T.Q8_0)        # row kernels (decode) and tiles (prefill)
-# x86_lowbit.py's rows and short-prefill tiles (every x86 level): long prefills dequantize + BLAS
+# x86/lowbit.py's rows and short-prefill tiles (every x86 level): long prefills dequantize + BLAS
 # (but X86_LOWBIT_VNNI512's on avx512vnni)
 X86_LOWBIT_INT8 = (T.Q2_K, T.Q3_K, T.IQ4_XS, T.IQ4_NL, T.IQ3_S, T.Q5_K)
 # of those, the formats with panel tiles (512-bit `vpdpbusd`, every prompt length) on avx512vnni
-# (x86_lowbit.py, after the AVX2 code; lowbit_kernels.PANEL)
+# (x86/lowbit.py, after the AVX2 code; lowbit_kernels.PANEL)
 X86_LOWBIT_VNNI512 = (T.IQ4_XS, T.Q3_K, T.Q5_K)
-ARM_INT8_FORMATS = (T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0)  # arm_neon.py's rows and tiles
-ARM_LOWBIT_INT8 = (T.Q2_K, T.Q3_K, T.IQ4_XS, T.IQ4_NL, T.IQ3_S)  # arm_lowbit.py's `sdot` rows and tiles
+ARM_INT8_FORMATS = (T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0)  # arm/neon.py's rows and tiles
+ARM_LOWBIT_INT8 = (T.Q2_K, T.Q3_K, T.IQ4_XS, T.IQ4_NL, T.IQ3_S)  # arm/lowbit.py's `sdot` rows and tiles
 TILE_FORMATS = (T.Q4_K, T.Q6_K)                 # per-ISA tiles; Q8_0's tile is portable IR
-SMMLA_FORMATS = (T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0)  # arm_neon.py's `smmla` tiles on neon-i8mm
-X4_FORMATS = (T.Q4_K, T.Q6_K)  # arm_neon.py's rows and tiles over 4 rows interleaved (repack_x4)
+SMMLA_FORMATS = (T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0)  # arm/neon.py's `smmla` tiles on neon-i8mm
+X4_FORMATS = (T.Q4_K, T.Q6_K)  # arm/neon.py's rows and tiles over 4 rows interleaved (repack_x4)
 
 
 @dataclass(frozen=True)
@@ -193,7 +193,7 @@ def has_int8(qtype) -> bool:
 
 def x4_layout(qtype) -> bool:
     """Whether `qtype`'s integer kernels here take its weights repacked 4 rows interleaved
-    (arm_x4.repack_x4, once per matrix when MatvecPlan is built): X4_FORMATS on the arm64 int8
+    (arm.x4.repack_x4, once per matrix when MatvecPlan is built): X4_FORMATS on the arm64 int8
     levels. The kernel names say so with an `x4` suffix."""
     return target().level.is_arm and has_int8(qtype) and T(qtype) in X4_FORMATS
 
@@ -207,7 +207,7 @@ def tile_level(qtype) -> Level:
     if level == Level.AVX512VNNI and T(qtype) in X86_LOWBIT_VNNI512:
         return level
     if level.is_x86_int8 and T(qtype) in X86_LOWBIT_INT8:
-        return Level.AVX2  # x86_lowbit.py's tiles: AVX2 instructions on every other x86 level
+        return Level.AVX2  # x86/lowbit.py's tiles: AVX2 instructions on every other x86 level
     return level
 
 

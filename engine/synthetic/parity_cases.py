@@ -17,7 +17,7 @@ def lowbit_bounds(weights: str) -> tuple[float, int]:
     IQ3_XXS (beyond the issue's list) may miss 2: one prompt's top two llama.cpp logits are
     0.0013 apart and our argmax on it was seen to differ between a script and a pytest run of
     the same file (18 vs 19/20; its cosine 0.99970 either way). IQ4_NL may miss 2 since its
-    prompts of <= 64 tokens run the integer tile (x86_lowbit.py): it misses prompts 6 and 8,
+    prompts of <= 64 tokens run the integer tile (x86/lowbit.py): it misses prompts 6 and 8,
     where llama.cpp's own top two logits are 0.0036 and 0.011 apart, while its cosine to
     llama.cpp is higher than dequantize + BLAS's on 7 of those 11 prompts, lower on one
     (0.999866 vs 0.999879), and >= 0.99982 on all 20 (dequantize + BLAS: 20/20 argmax).

@@ -62,14 +62,14 @@ CI = [
     "tests/arm64/test_neon.py::test_checker_rejects_a_scalar_reduction_and_accepts_a_vector_one",
     "tests/arm64/test_neon.py::test_integer_dot_products_use_sdot_on_graviton",
     *[f"tests/arm64/test_neon.py::test_kernel_is_vectorised[{op}-Q4_K]" for op in ("matvec", "dequantize")],
-    # arm64's own int8 kernels (engine/quant/arm_neon.py), every format: they are what N1 runs.
+    # arm64's own int8 kernels (engine/quant/arm/neon.py), every format: they are what N1 runs.
     # Q4_K/Q6_K share their kernels with the Q4_K_M parity test (compiled once); the asm checks
     # of every format (each a fresh compile) are `make test-arm64`'s
     "tests/engine/test_arm_neon.py::test_arm_levels_from_the_cpu_name_and_features",
     "tests/engine/test_arm_neon.py::test_paths_name_the_arm_kernels_per_format",
     *[f"tests/engine/test_arm_neon.py::test_decode_rows_are_the_exact_product[{q}]" for q in ("Q4_K", "Q5_K", "Q6_K", "Q8_0")],
     *[f"tests/engine/test_arm_neon.py::test_tiles_are_the_exact_product[{q}-5-512]" for q in ("Q4_K", "Q5_K", "Q6_K", "Q8_0")],
-    # arm_lowbit.py's IQ4_XS row (the 9B file that fits Lambda's 10 GB; ~57 s under qemu n1): the
+    # arm/lowbit.py's IQ4_XS row (the 9B file that fits Lambda's 10 GB; ~57 s under qemu n1): the
     # other low-bit formats and the tiles are `make test-arm64`'s
     "tests/engine/test_arm_lowbit.py::test_decode_rows_are_the_exact_product[IQ4_XS]",
 ]

@@ -1,4 +1,4 @@
-"""arm64's integer kernels for the low-bit formats (engine/quant/arm_lowbit.py): `sdot` decode rows
+"""arm64's integer kernels for the low-bit formats (engine/quant/arm/lowbit.py): `sdot` decode rows
 and multi-token tiles for Q2_K, Q3_K, IQ4_XS, IQ4_NL and IQ3_S, held to gguf.quants' decoding
 times the activations as llama.cpp rounds them (Q8_K; IQ4_NL Q8_0). They run where numba
 compiles for an arm64 CPU with dot products (under qemu: ``make test-arm64``, neoverse-n1/v1/v2;
@@ -18,7 +18,7 @@ from tests.engine.test_quant_lowbit import _random_blocks
 
 FORMATS = [T.IQ4_XS, T.Q3_K, T.IQ4_NL, T.Q2_K, T.IQ3_S]
 # the integer sums are exact; only the f32 scaling per block and the accumulation order differ
-# (x86_lowbit's bound: test_quant_lowbit.py)
+# (x86.lowbit's bound: test_quant_lowbit.py)
 BOUND = 2e-6
 on_arm = pytest.mark.skipif(not paths.target().level.is_arm,
                             reason="arm64 with dot products (make test-arm64: neoverse-n1, -v1, -v2)")
@@ -32,7 +32,7 @@ def _exact(qtype, raw, rows, cols, x):
 
 
 def test_arm_lowbit_formats_are_their_own_and_every_low_bit_format():
-    # the formats issue 20 lists, none of them also one of arm_neon.py's
+    # the formats issue 20 lists, none of them also one of arm/neon.py's
     assert set(paths.ARM_LOWBIT_INT8) == {T.Q2_K, T.Q3_K, T.IQ4_XS, T.IQ4_NL, T.IQ3_S}
     assert not set(paths.ARM_LOWBIT_INT8) & set(paths.ARM_INT8_FORMATS)
 
@@ -100,7 +100,7 @@ def test_rows_catch_a_flipped_weight_bit():
 def test_arm_lowbit_kernels_are_sdot_code(qtype):
     """The decode row and the tile of each format multiply with `sdot` and prefetch the weights;
     the IQ4 formats look their levels up with `tbl`."""
-    from engine.quant import arm_lowbit
+    from engine.quant.arm import lowbit as arm_lowbit
     from tests.asm import asm_of
 
     rows, cols = 256, 256  # big enough for the parallel kernels, not their serial twins

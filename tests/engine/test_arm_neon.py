@@ -1,4 +1,4 @@
-"""arm64's int8 kernels (engine/quant/arm_neon.py): `sdot` decode rows and multi-token tiles for
+"""arm64's int8 kernels (engine/quant/arm/neon.py): `sdot` decode rows and multi-token tiles for
 Q4_K, Q5_K, Q6_K and Q8_0 (Q4_K and Q6_K on weights repacked 4 rows interleaved, the x4 layout),
 held to gguf.quants' decoding and the exact product of the rounded activations. They run where numba compiles for an arm64 CPU with dot products (under qemu:
 ``make test-arm64``, neoverse-n1/v1/v2; the CI subset runs them on neoverse-n1); the path
@@ -11,7 +11,7 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from gguf import quants as gq
 
-from engine.quant import arm_x4
+from engine.quant.arm import x4
 from engine.quant import kernels as K
 from engine.quant import choice, paths
 from engine.quant.activations import round_activations
@@ -49,10 +49,10 @@ def test_x4_layout_holds_the_rows_weights(qtype, rows):
     # (Q6_K) or 16 more per 4 rows and block (Q4_K's 6-bit scales and mins as bytes)
     cols = 512
     raw = _random_blocks(qtype, rows, cols, rows)
-    w4 = arm_x4.repack_x4(qtype, raw)
-    assert w4.shape == (-(-rows // 4), cols // 256 * arm_x4.X4_BLOCK[arm_x4._X4_KIND[qtype]])
+    w4 = x4.repack_x4(qtype, raw)
+    assert w4.shape == (-(-rows // 4), cols // 256 * x4.X4_BLOCK[x4._X4_KIND[qtype]])
     want = gq.dequantize(raw, qtype).reshape(rows, cols).astype(np.float32)
-    np.testing.assert_array_equal(arm_x4.dequantize_x4(qtype, w4, rows), want)
+    np.testing.assert_array_equal(x4.dequantize_x4(qtype, w4, rows), want)
 
 
 @on_arm

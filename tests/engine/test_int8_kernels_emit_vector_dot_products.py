@@ -29,7 +29,7 @@ EXPECTED = {
     T.Q6_K: ("vpmaddubsw", "vpmaddwd", "prefetcht0"),
     T.Q8_0: ("vpmaddwd", "prefetcht0"),
 }
-# the low-bit formats' decode rows and tiles (engine/quant/x86_lowbit.py, AVX2 on every level)
+# the low-bit formats' decode rows and tiles (engine/quant/x86/lowbit.py, AVX2 on every level)
 LOWBIT_EXPECTED = {
     T.Q2_K: ("vpmaddubsw", "vpmaddwd", "prefetcht0"),
     T.Q3_K: ("vpmaddubsw", "vpmaddwd", "prefetcht0"),
@@ -38,7 +38,7 @@ LOWBIT_EXPECTED = {
     T.IQ4_NL: ("vpshufb", "vpsignb", "vpmaddubsw", "vpmaddwd", "prefetcht0"),
     T.IQ3_S: ("vpshufb", "vpmaddubsw", "vpmaddwd", "prefetcht0"),
 }
-# the K-format tiles per level (engine/quant/x86_avx512.py, x86_avx2.py)
+# the K-format tiles per level (engine/quant/x86/avx512.py, x86/avx2.py)
 TILE_EXPECTED = {
     "avx512vnni": ("vpdpbusd", "vpackssdw", "prefetcht0"),
     "avx512bw": ("vpmaddubsw", "vpmaddwd", "prefetcht0"),
@@ -92,7 +92,7 @@ def test_low_bit_kernels_use_the_x86_dot_instructions(qtype, tokens):
     assert not extra, f"{qtype.name} x{tokens}: {extra} in the panel kernel's assembly"
 
 
-# the panel tiles on AVX-512 VNNI (x86_lowbit.py): weights unpacked into the P16 order
+# the panel tiles on AVX-512 VNNI (x86/lowbit.py): weights unpacked into the P16 order
 # (IQ4_XS's biased levels looked up with vpshufb, Q3_K's and Q5_K's high bits rotated into place
 # with vprolvd), then 4-value sums by vpdpbusd, with no per-token scale multiply on the integer
 # port (no vpmulld, no vpackssdw + vpdpwssd: the earlier tiles' scheme)

@@ -74,7 +74,7 @@ def test_int8_kernels_run_where_enabled(qtype):
     raw = _random_blocks(qtype, 2, 256, 5)
     from engine.quant import paths
 
-    # x86_64, and arm64 with dot products (its own kernels, engine/quant/arm_neon.py)
+    # x86_64, and arm64 with dot products (its own kernels, engine/quant/arm/neon.py)
     here = platform.machine() in K.INT8_MACHINES or paths.target().level.is_arm
     assert K.MatvecPlan(qtype, raw, 2, 256).int8 == here
 

@@ -101,7 +101,7 @@ def test_decode_rows_match_exact_product(qtype, rows):
     assert np.all(np.abs(out - ref) <= bound), np.max(np.abs(out - ref) / bound)
 
 
-# x86_lowbit.py's integer rows and tiles (Q5_K: the Q3_K_M / IQ4_XS mixes' other type)
+# x86/lowbit.py's integer rows and tiles (Q5_K: the Q3_K_M / IQ4_XS mixes' other type)
 X86_INT8 = [T.Q2_K, T.Q3_K, T.IQ4_XS, T.IQ4_NL, T.IQ3_S, T.Q5_K]
 x86_int8 = pytest.mark.skipif(not paths.target().level.is_x86_int8,
                               reason="the low-bit integer rows are x86 code (AVX2 and up)")
@@ -112,7 +112,7 @@ def test_path_chooser_names_the_paths(qtype):
     # integer decode rows on x86 (AVX2 instructions on every level) for five of the formats;
     # IQ3_XXS and every format on arm64 decode with float rows; prefill is dequantize + BLAS
     int8 = qtype in X86_INT8 and paths.target().level.is_x86_int8
-    # IQ4_XS's, Q3_K's and Q5_K's tiles are the panel tiles on AVX-512 VNNI (x86_lowbit.py)
+    # IQ4_XS's, Q3_K's and Q5_K's tiles are the panel tiles on AVX-512 VNNI (x86/lowbit.py)
     vnni512 = paths.target().level == "avx512vnni" and qtype in paths.X86_LOWBIT_VNNI512
     # long prompts: the panel tiles, or the tiles where Q4_K's take every length (Zen with
     # AVX-512), else BLAS

@@ -1,7 +1,7 @@
 """Every x86 kernel level this host can run (engine/quant/paths.py), each in its own process
 compiled for that level through NUMBA_CPU_NAME + NUMBA_CPU_FEATURES: the chooser names the level,
 the decode rows and the prefill tiles of Q4_K, Q6_K and Q8_0 (and of the low-bit formats'
-x86_lowbit.py, Q2_K, Q3_K, Q5_K, IQ4_XS, IQ4_NL, IQ3_S) match the exact product of the
+x86/lowbit.py, Q2_K, Q3_K, Q5_K, IQ4_XS, IQ4_NL, IQ3_S) match the exact product of the
 reference-decoded weights (gguf.quants' numbers: test_quant_formats holds our decode to them)
 with the activations rounded as llama.cpp rounds them, and the tiles contain the level's
 instructions. An AVX2 build runs on any x86-64-v3 host, so the floor is checked everywhere. AVX-512
@@ -32,7 +32,7 @@ LEVELS = {
     # (NUMBA_CPU_NAME=cascadelake, NUMBA_CPU_FEATURES=""; function/numba_cache.py X86_LEVELS)
     "avx512vnni-image": paths.X86_CASCADELAKE,
 }
-# the CPU name each run compiles for: AMD's AVX-512 VNNI keeps x86_avx512.py's K-format tiles at
+# the CPU name each run compiles for: AMD's AVX-512 VNNI keeps x86/avx512.py's K-format tiles at
 # every prompt length (kernels._tiles_win_at_every_length), Intel's takes the panel tiles for
 # Q4_K and Q6_K too (lowbit_kernels.PANEL)
 CPU_NAME = {"avx512vnni-znver": "znver4", "avx512vnni-image": "cascadelake"}
@@ -81,7 +81,7 @@ for qt in (T.Q4_K, T.Q6_K, T.Q8_0):
         scale = np.abs(xr) @ np.abs(W).T
         worst = max(worst, float(np.max(np.abs(got - ref) / (RTOL * scale + 1e-30))))
     res["errors"][qt.name] = worst
-# the low-bit formats' rows and tiles (x86_lowbit.py: the same AVX2 code compiled for every level)
+# the low-bit formats' rows and tiles (x86/lowbit.py: the same AVX2 code compiled for every level)
 from tests.engine.test_quant_lowbit import X86_INT8, _random_blocks as _lowbit_blocks
 for qt in X86_INT8:
     rows, cols = 24, 512
@@ -100,7 +100,7 @@ for qt in X86_INT8:
         xr = round_activations(x, qt).astype(np.float64)
         worst = max(worst, float(np.max(np.abs(got - xr @ W.T) / (RTOL * (np.abs(xr) @ np.abs(W).T) + 1e-30))))
     res["errors"][qt.name] = worst
-# IQ4_XS's, Q3_K's and Q5_K's tiles: 512-bit vpdpbusd at avx512vnni only (x86_lowbit.py), AVX2 elsewhere
+# IQ4_XS's, Q3_K's and Q5_K's tiles: 512-bit vpdpbusd at avx512vnni only (x86/lowbit.py), AVX2 elsewhere
 res["vnni512_tiles"] = {qt.name: "vpdpbusd" in "\n".join(asm_of(K._LOWBIT_MM[qt])) for qt in paths.X86_LOWBIT_VNNI512}
 asm = "\n".join(asm_of(K._LOWBIT_PANEL[T.Q4_K] if T.Q4_K in K._LOWBIT_PANEL else K.mm_k_q8k))
 res["asm"] = {op: op in asm for op in sys.argv[1].split(",") if op}

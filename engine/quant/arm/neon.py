@@ -27,7 +27,7 @@ a run's two weight vectors and its scale stay in registers while the tile's toke
 Where they run: `paths.Target.level` is `neon-dotprod` (dotprod, e.g. neoverse-n1) or
 `neon-i8mm` (V1/V2); int8_dot's row and tile intrinsics take their block bodies from here on
 those levels (`row_block`, `tile_block`). On `neon-i8mm` the prefill tiles are the `smmla`
-row-pair intrinsics at the end of this file (arm_tiles.mm_k_smmla, mm_q8_0_smmla).
+row-pair intrinsics at the end of this file (arm.tiles.mm_k_smmla, mm_q8_0_smmla).
 """
 from __future__ import annotations
 

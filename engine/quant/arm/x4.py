@@ -1,8 +1,8 @@
 """arm64's x4 layout of Q4_K and Q6_K (every arm level): four weight rows interleaved so one
 `sdot` by element gives a run's sums for 4 rows in one i32 vector; `repack_x4` (made once when
 kernels.MatvecPlan is built, replacing the row-major bytes), its exact decoder, and the row and
-tile intrinsics arm_tiles.py drives. The NEON basics (`sdot`, `smmla`, lane helpers) are
-arm_neon.py's.
+tile intrinsics arm/tiles.py drives. The NEON basics (`sdot`, `smmla`, lane helpers) are
+arm/neon.py's.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from numba.extending import intrinsic
 
 from engine.quant.int8_dot import (F32, I8, I16, I32, I64, Row, array_ptr, prefetch, token_values,
                                    vec)
-from engine.quant.arm_neon import V4, V16, c8, sdot, smmla, zip64
+from engine.quant.arm.neon import V4, V16, c8, sdot, smmla, zip64
 
 
 # The x4 layout (Q4_K, Q6_K on every arm level; `repack_x4`, made once when MatvecPlan is built,

@@ -9,7 +9,7 @@ split in halves by LLVM needs all 8 runs live at once and spilled on a 16-regist
 * `avx2`: `vpmaddubsw` (u8 weights x s8 activations, pairs to i16) then `vpmaddwd` by the run's
   scales into the token's i32 sums: 2 multiplies per 32 values.
 * `avxvnni`: `vpdpbusd` per run (4-value sums in i32), two runs narrowed by `vpackssdw` (the sums
-  fit in i16: see x86_avx512.py) and one `vpdpwssd` by the group scales: 1.5 multiplies per 32.
+  fit in i16: see x86/avx512.py) and one `vpdpwssd` by the group scales: 1.5 multiplies per 32.
 """
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ at every prompt length on that level (paths.X86_LOWBIT_VNNI512).
   + compare and applied to the activations ((x ^ m) - m).
 
 IQ3_XXS (not in issue 20's list) keeps the float rows. arm64 has its own `sdot` rows and tiles
-for these (arm_lowbit.py); engine/quant/paths.py names the path per format.
+for these (arm/lowbit.py); engine/quant/paths.py names the path per format.
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ from numba import types
 from numba.extending import intrinsic
 
 from engine.quant.int8_dot import (F32, I8, I16, I32, I64, WIDE_TILE, accumulate, array_ptr,
-                                   fma, prefetch, q4_k_scales_mins, Row, row_codegen, splat_f32, store,
+                                   fma, prefetch, q3_k_scales, q4_k_scales_mins, Row, row_codegen, splat_f32, store,
                                    sum_lanes_f32, vec, x86_call)
 from engine.quant.lowbit import IQ4_LEVELS
 
@@ -174,24 +174,6 @@ def _q2_k_unpack(row, i) -> _Block:
     return _Block(runs, d, mins, dmin)
 
 
-def q3_k_scales(b, u0, u1, u2):
-    """The 12 packed 6-bit scale bytes (three little-endian i32) -> <16 x i8> scales - 32
-    (llama.cpp's kmask1/kmask2 unpacking: scale j's low nibble in nibble j // 8 of byte j % 8,
-    its top 2 bits at bit 2 * (j // 4) of byte 8 + j % 4)."""
-    c = lambda v: ir.Constant(I32, v)  # noqa: E731
-    k1, k2 = c(0x03030303), c(0x0F0F0F0F)
-    parts = (
-        b.or_(b.and_(u0, k2), b.shl(b.and_(u2, k1), c(4))),
-        b.or_(b.and_(u1, k2), b.shl(b.and_(b.lshr(u2, c(2)), k1), c(4))),
-        b.or_(b.and_(b.lshr(u0, c(4)), k2), b.shl(b.and_(b.lshr(u2, c(4)), k1), c(4))),
-        b.or_(b.and_(b.lshr(u1, c(4)), k2), b.shl(b.and_(b.lshr(u2, c(6)), k1), c(4))),
-    )
-    v = ir.Constant(vec(I32, 4), ir.Undefined)
-    for k, part in enumerate(parts):
-        v = b.insert_element(v, part, c(k))
-    return b.sub(b.bitcast(v, vec(I8, 16)), ir.Constant(vec(I8, 16), [32] * 16))
-
-
 def _q3_k_unpack(row, i) -> _Block:
     # 110 bytes: hmask 32, qs 64, scales 12, d f16. Value 128h + 32s + l: ((qs[32h + l] >> 2s) & 3)
     # + 4 * (bit 4h + s of hmask[l]) - 4, scale j = value // 16
@@ -307,7 +289,7 @@ def _iq3_s_unpack(row, i) -> _Block:
 
 def _block(unpack, values_per_block: int = 256):
     """int8_dot.row_codegen's block body: unpack block i once, then each token's products
-    (runs outer, tokens inner in x86_avx2.py's tiles; here the runs of a block are few enough
+    (runs outer, tokens inner in x86/avx2.py's tiles; here the runs of a block are few enough
     registers for the tile's 4 tokens to pass them)."""
     def block(row, a, i, accs):
         blk = unpack(row, i)
@@ -346,7 +328,7 @@ def q3_k_row_dot(typingctx, row, nb, xq, xd, xs):
 
 @intrinsic
 def q5_k_row_dot(typingctx, row, nb, xq, xd, xs):
-    """`q2_k_row_dot` for a Q5_K row (x86; arm64 has arm_neon.py's)."""
+    """`q2_k_row_dot` for a Q5_K row (x86; arm64 has arm/neon.py's)."""
     _x86_only("Q5_K")
     return types.float32(row, nb, xq, xd, xs), row_codegen(_Q8K_ROW, 1, _block(_q5_k_unpack))
 

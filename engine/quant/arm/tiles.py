@@ -1,4 +1,4 @@
-"""arm64's matrix kernels over arm_neon.py's intrinsics: the `smmla` tiles (two rows a tile,
+"""arm64's matrix kernels over arm/neon.py's intrinsics: the `smmla` tiles (two rows a tile,
 the i8mm level) of the K formats and Q8_0, and the x4 layout's rows and tiles (4 rows
 interleaved, one `sdot` lane per row). kernels.MatvecPlan picks them by paths.tile_level and
 paths.x4_layout.
@@ -8,12 +8,12 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .arm_neon import q4_k_row_pair_smmla, q5_k_row_pair_smmla, q6_k_row_pair_smmla, q8_0_row_pair_smmla
-from .arm_x4 import q4_k_x4_dot, q4_k_x4_smmla, q4_k_x4_tile, q6_k_x4_dot, q6_k_x4_smmla, q6_k_x4_tile
-from .int8_dot import TILE, WIDE_TILE
-from .int8_kernels import ROW_CHUNK
-from .njit_base import MV as _MV
-from .njit_base import f16_at as _f16_at
+from .neon import q4_k_row_pair_smmla, q5_k_row_pair_smmla, q6_k_row_pair_smmla, q8_0_row_pair_smmla
+from .x4 import q4_k_x4_dot, q4_k_x4_smmla, q4_k_x4_tile, q6_k_x4_dot, q6_k_x4_smmla, q6_k_x4_tile
+from ..int8_dot import TILE, WIDE_TILE
+from ..int8_kernels import ROW_CHUNK
+from ..njit_base import MV as _MV
+from ..njit_base import f16_at as _f16_at
 
 __all__ = ["mm_k_smmla", "mm_k_x4", "mm_k_x4_smmla", "mm_q8_0_smmla", "mv_k_x4", "q4_k_mins_x4"]
 
@@ -22,7 +22,7 @@ _F32 = np.float32
 
 @njit(**_MV)
 def mm_k_smmla(w, xq, xd, xs16, out, knobs, kind):
-    # mm_k_q8k / mm_q5_k_q8k on arm64's i8mm level (arm_neon.py): two rows per `smmla` tile;
+    # mm_k_q8k / mm_q5_k_q8k on arm64's i8mm level (arm/neon.py): two rows per `smmla` tile;
     # kind 0 Q4_K, 1 Q6_K, 2 Q5_K; Q4_K/Q5_K: out holds the mins' product on entry
     tp = out.shape[0]
     nb = xd.shape[0] // tp
@@ -56,7 +56,7 @@ def mm_k_smmla(w, xq, xd, xs16, out, knobs, kind):
 
 @njit(**_MV)
 def mm_q8_0_smmla(w, xq, xd, out):
-    # mm_q8_0_q8 on arm64's i8mm level (arm_neon.py): two rows per `smmla` tile (an odd last
+    # mm_q8_0_q8 on arm64's i8mm level (arm/neon.py): two rows per `smmla` tile (an odd last
     # row is paired with itself and its twin result dropped); ROW_CHUNK is even
     tp = out.shape[0]
     nb = xd.shape[0] // tp
@@ -74,7 +74,7 @@ def mm_q8_0_smmla(w, xq, xd, out):
                         out[t0 + t, r2] = res[TILE + t]
 
 
-# arm64's Q4_K and Q6_K in the x4 layout (arm_x4.repack_x4: 4 rows interleaved, one `sdot` lane
+# arm64's Q4_K and Q6_K in the x4 layout (arm.x4.repack_x4: 4 rows interleaved, one `sdot` lane
 # per row): w4 (ceil(rows / 4), blocks * X4_BLOCK). A group of 4 rows is one intrinsic call; the
 # last, partial group goes through a 4-row scratch. q6: Q6_K, else Q4_K.
 @njit(**_MV)

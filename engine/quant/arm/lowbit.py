@@ -1,7 +1,7 @@
 """arm64 integer rows and tiles for the smaller downloads' formats (Graviton2 and later): Q2_K,
 Q3_K, IQ4_XS and IQ3_S times Q8_K activations, IQ4_NL times Q8_0 activations, with `sdot`.
 
-The same scheme as arm_neon.py's Q4_K/Q6_K rows (one `sdot`, `llvm.aarch64.neon.sdot.v4i32.v16i8`,
+The same scheme as arm/neon.py's Q4_K/Q6_K rows (one `sdot`, `llvm.aarch64.neon.sdot.v4i32.v16i8`,
 per 16 weights into a <4 x i32>, the sub-block scale applied as a vector multiply-add into one
 i32 vector per block, converted and scaled into a float accumulator once per block, one
 horizontal sum per row: int8_dot.row_codegen), and llama.cpp's NEON arithmetic
@@ -43,12 +43,13 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from engine.quant.arm_neon import V4, V16, c8, fold, lane_splat, neon_call, sdot
-from engine.quant.int8_dot import F32, I8, I16, I32, I64, WIDE_TILE, accumulate, pair_sums, prefetch, row_codegen, vec
+from engine.quant.arm.neon import V4, V16, c8, fold, lane_splat, neon_call, sdot
+from engine.quant.int8_dot import (F32, I8, I16, I32, I64, WIDE_TILE, accumulate, pair_sums, prefetch, q3_k_scales,
+                                   row_codegen, vec)
 from engine.quant.njit_base import MV as _MV
 from engine.quant.lowbit import IQ4_LEVELS
 from engine.quant.lowbit_kernels import G3S_U32
-from engine.quant.x86_lowbit import q3_k_scales  # generic IR (no x86 intrinsic): the 12 packed scale bytes
+
 
 TBL = "llvm.aarch64.neon.tbl1.v16i8"
 W16 = vec(I16, 16)
