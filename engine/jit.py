@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import types
 from collections.abc import Callable
+from functools import cache
 from typing import Any
 
 from numba import njit
@@ -18,8 +19,10 @@ from numba import njit
 SERIAL_BELOW = 1 << 16
 
 
+@cache
 def serial_twin(dispatcher: Any) -> Any:
-    """A serial njit copy of a `parallel=True` dispatcher (same options otherwise)."""
+    """A serial njit copy of a `parallel=True` dispatcher (same options otherwise); one per
+    dispatcher, so the plans of one format share its compiled twin."""
     fn = dispatcher.py_func
     options = {k: v for k, v in dispatcher.targetoptions.items() if k not in ("parallel", "nopython")}
     # `cache` is not among targetoptions: ask for it explicitly, or every process recompiles the

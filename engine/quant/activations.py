@@ -18,8 +18,8 @@ from numba import njit, prange
 from engine.jit import kernel
 from engine.llvm_ops import f32_to_half_to_f32
 
-_Q8K = {Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q2_K, Q.Q3_K, Q.IQ4_XS, Q.IQ3_S, Q.IQ3_XXS}
-_Q8_0 = {Q.Q8_0, Q.Q4_0, Q.Q5_0, Q.Q4_1, Q.Q5_1, Q.IQ4_NL}
+from .formats import get_format
+
 
 
 @njit(inline="always", cache=True)
@@ -208,23 +208,21 @@ def _bf16(x: np.ndarray) -> np.ndarray:
 
 
 def activation_format(weight_type: Q) -> str:
-    """The rounding a product with a `weight_type` matrix applies to its activations: products
-    whose formats give the same name can share one rounded copy of their input."""
-    if weight_type in _Q8K:
-        return "q8_k"
-    if weight_type in _Q8_0:
-        return "q8_0"
-    return weight_type.name.lower()
+    """The rounding a product with a `weight_type` matrix applies to its activations (the
+    format's `vec_dot_type`): products whose formats give the same name can share one rounded
+    copy of their input."""
+    return get_format(weight_type).vec_dot_type
 
 
 def round_activations(x: np.ndarray, weight_type: Q) -> np.ndarray:
     """x (T, in) f32 as the product with a `weight_type` matrix sees it in llama.cpp."""
-    if weight_type in _Q8K:
+    fmt = activation_format(weight_type)
+    if fmt == "q8_k":
         return _q8_k(x)
-    if weight_type in _Q8_0:
+    if fmt == "q8_0":
         return _q8_0(x)
-    if weight_type == Q.F16:
+    if fmt == "f16":
         return x.astype(np.float16).astype(np.float32)
-    if weight_type == Q.BF16:
+    if fmt == "bf16":
         return _bf16(x)
     return x

@@ -30,6 +30,9 @@ class QuantFormat:
     qtype: ClassVar[GGMLQuantizationType]
     block_size: ClassVar[int]
     type_size: ClassVar[int]
+    # ggml's `vec_dot_type`: how a product with this weight rounds its activations
+    # (activations.round_activations): "q8_k", "q8_0", "f16", "bf16" or "f32"
+    vec_dot_type: ClassVar[str] = "f32"
 
     def __init_subclass__(cls, qtype: GGMLQuantizationType | None = None, **kw) -> None:
         super().__init_subclass__(**kw)

@@ -1,6 +1,6 @@
 """The float kernels of the 32-value and K formats and of F32/F16/BF16: per format an exact
 decoder into float32 (prefill: then BLAS does ``X @ W.T``) and a float matrix-vector product
-(decode where no integer kernel runs here: kernels.MatvecPlan picks).
+(decode where no integer kernel runs here), one `FLOAT` row per format (traits.py reads them).
 
 The decoders are compiled *without* fastmath (there is no reduction to reassociate, and
 forbidding FMA contraction keeps the output bit-identical to :func:`engine.quant.formats.dequantize`
@@ -18,6 +18,7 @@ from numba import njit, prange
 
 from engine.llvm_ops import bits_to_f32
 
+from .kernel_rows import FloatKernels
 from .njit_base import DQ as _DQ
 from .njit_base import MV as _MV
 from .njit_base import f16_at as _f16_at
@@ -27,7 +28,7 @@ from .njit_base import qf as _qf
 from .njit_base import scale_min_k4
 from .njit_base import u32_at as _u32_at
 
-__all__ = ["DEQUANT", "MATVEC", "MV_ARGS", "PREPARED", "prepare_scales"]
+__all__ = ["FLOAT", "prepare_scales"]
 
 _F32 = np.float32
 
@@ -511,21 +512,20 @@ def prepare_scales(qt: T, w: np.ndarray, rows: int, cols: int) -> np.ndarray | N
     return None
 
 
-DEQUANT = {
-    T.F32: _dq_f32, T.F16: _dq_f16, T.BF16: _dq_bf16,
-    T.Q8_0: _dq_q8_0, T.Q4_0: _dq_q4_0, T.Q4_1: _dq_q4_1, T.Q5_0: _dq_q5_0, T.Q5_1: _dq_q5_1,
-    T.Q4_K: _dq_q4_k, T.Q5_K: _dq_q5_k, T.Q6_K: _dq_q6_k,
-}
-MATVEC = {
-    T.F32: _mv_f32, T.F16: _mv_f16, T.BF16: _mv_bf16,
-    T.Q8_0: _mv_q8_0p, T.Q4_0: _mv_q4_0, T.Q4_1: _mv_q4_1, T.Q5_0: _mv_q5_0, T.Q5_1: _mv_q5_1,
-    T.Q4_K: _mv_q4_k, T.Q5_K: _mv_q5_k, T.Q6_K: _mv_q6_kp,
-}
-PREPARED = frozenset({T.Q8_0, T.Q6_K})  # kernels taking (w, prepared, x, out, ...)
-# Inner-loop trip counts passed at run time, not as constants: with a constant count LLVM fully
-# unrolls the per-block loop and then vectorises the *block* loop (stride 34/144/210 bytes: byte
-# gathers with vpinsrb), 4-8x slower than vectorising the contiguous inner loop.
-MV_ARGS = {
-    T.Q8_0: (32,), T.Q4_0: (16,), T.Q4_1: (16,), T.Q5_0: (16,), T.Q5_1: (16,),
-    T.Q6_K: (16,),  # Q4_K/Q5_K: the constant 32 measured better (LLVM keeps a vector accumulator)
+# Inner-loop trip counts (args) are passed at run time, not as constants: with a constant count
+# LLVM fully unrolls the per-block loop and then vectorises the *block* loop (stride 34/144/210
+# bytes: byte gathers with vpinsrb), 4-8x slower than vectorising the contiguous inner loop. Q4_K
+# and Q5_K keep the constant 32 (measured better: LLVM keeps a vector accumulator).
+FLOAT = {
+    T.F32: FloatKernels(_dq_f32, _mv_f32),
+    T.F16: FloatKernels(_dq_f16, _mv_f16),
+    T.BF16: FloatKernels(_dq_bf16, _mv_bf16),
+    T.Q8_0: FloatKernels(_dq_q8_0, _mv_q8_0p, (32,), prepared=True),
+    T.Q4_0: FloatKernels(_dq_q4_0, _mv_q4_0, (16,)),
+    T.Q4_1: FloatKernels(_dq_q4_1, _mv_q4_1, (16,)),
+    T.Q5_0: FloatKernels(_dq_q5_0, _mv_q5_0, (16,)),
+    T.Q5_1: FloatKernels(_dq_q5_1, _mv_q5_1, (16,)),
+    T.Q4_K: FloatKernels(_dq_q4_k, _mv_q4_k),
+    T.Q5_K: FloatKernels(_dq_q5_k, _mv_q5_k),
+    T.Q6_K: FloatKernels(_dq_q6_k, _mv_q6_kp, (16,), prepared=True),
 }

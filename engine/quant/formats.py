@@ -53,6 +53,8 @@ class F32(QuantFormat, qtype=GGMLQuantizationType.F32):
 
 
 class F16(QuantFormat, qtype=GGMLQuantizationType.F16):
+    vec_dot_type = "f16"
+
     @classmethod
     def dequantize_blocks(cls, blocks):
         return np.ascontiguousarray(blocks).view(np.float16).astype(np.float32)
@@ -63,6 +65,8 @@ class F16(QuantFormat, qtype=GGMLQuantizationType.F16):
 
 
 class BF16(QuantFormat, qtype=GGMLQuantizationType.BF16):
+    vec_dot_type = "bf16"
+
     @classmethod
     def dequantize_blocks(cls, blocks):
         u = np.ascontiguousarray(blocks).view(np.uint16).astype(np.uint32) << np.uint32(16)
@@ -82,6 +86,8 @@ class BF16(QuantFormat, qtype=GGMLQuantizationType.BF16):
 # ----------------------------------------------------------------------------- 32-value formats
 
 class Q8_0(QuantFormat, qtype=GGMLQuantizationType.Q8_0):
+    vec_dot_type = "q8_0"
+
     # d: f16, qs: int8[32];  x = qs * d
     @classmethod
     def dequantize_blocks(cls, blocks):
@@ -98,6 +104,8 @@ class Q8_0(QuantFormat, qtype=GGMLQuantizationType.Q8_0):
 
 
 class Q4_0(QuantFormat, qtype=GGMLQuantizationType.Q4_0):
+    vec_dot_type = "q8_0"
+
     # d: f16, qs: 16 bytes; value j = low nibble of qs[j], value 16+j = high nibble; x = (q-8)*d
     @classmethod
     def dequantize_blocks(cls, blocks):
@@ -114,6 +122,8 @@ class Q4_0(QuantFormat, qtype=GGMLQuantizationType.Q4_0):
 
 
 class Q4_1(QuantFormat, qtype=GGMLQuantizationType.Q4_1):
+    vec_dot_type = "q8_0"
+
     # d: f16, m: f16, qs: 16 bytes; x = q*d + m
     @classmethod
     def dequantize_blocks(cls, blocks):
@@ -146,6 +156,8 @@ def _q5_values(qh: np.ndarray, qs: np.ndarray) -> np.ndarray:
 
 
 class Q5_0(QuantFormat, qtype=GGMLQuantizationType.Q5_0):
+    vec_dot_type = "q8_0"
+
     # d: f16, qh: u32, qs: 16 bytes; x = (q-16)*d
     @classmethod
     def dequantize_blocks(cls, blocks):
@@ -162,6 +174,8 @@ class Q5_0(QuantFormat, qtype=GGMLQuantizationType.Q5_0):
 
 
 class Q5_1(QuantFormat, qtype=GGMLQuantizationType.Q5_1):
+    vec_dot_type = "q8_0"
+
     # d: f16, m: f16, qh: u32, qs: 16 bytes; x = q*d + m
     @classmethod
     def dequantize_blocks(cls, blocks):
@@ -252,6 +266,8 @@ def _quantize_k_affine(values: np.ndarray, nmax: int, offsets: np.ndarray):
 
 
 class Q4_K(QuantFormat, qtype=GGMLQuantizationType.Q4_K):
+    vec_dot_type = "q8_k"
+
     # d: f16, dmin: f16, scales: 12 bytes (8 x 6-bit sc, 8 x 6-bit m), qs: 128 bytes.
     # value 32*s + l = (d*sc[s]) * q - (dmin*m[s]); q = nibble (s&1) of qs[32*(s>>1) + l]
     OFFSETS = np.array([-0.5, 0.5], dtype=np.float32)
@@ -269,6 +285,8 @@ class Q4_K(QuantFormat, qtype=GGMLQuantizationType.Q4_K):
 
 
 class Q5_K(QuantFormat, qtype=GGMLQuantizationType.Q5_K):
+    vec_dot_type = "q8_k"
+
     # as Q4_K plus qh: 32 bytes; bit s of qh[l] is bit 4 of value 32*s + l.
     OFFSETS = np.array([-0.5, 0.5], dtype=np.float32)
 
@@ -291,6 +309,8 @@ class Q5_K(QuantFormat, qtype=GGMLQuantizationType.Q5_K):
 
 
 class Q6_K(QuantFormat, qtype=GGMLQuantizationType.Q6_K):
+    vec_dot_type = "q8_k"
+
     # ql: 128 bytes, qh: 64 bytes, scales: int8[16], d: f16.  For half h, t in 0..3, lane l:
     # value 128h + 32t + l = (d*scales[(128h+32t+l)//16]) * (q - 32), with
     # q = nibble (t>>1) of ql[64h + 32(t&1) + l]  |  ((qh[32h + l] >> 2t) & 3) << 4

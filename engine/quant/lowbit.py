@@ -106,6 +106,8 @@ def _nearest_grid(t: np.ndarray, grid: np.ndarray) -> np.ndarray:
 # ----------------------------------------------------------------------------- Q2_K
 
 class Q2_K(QuantFormat, qtype=GGMLQuantizationType.Q2_K):
+    vec_dot_type = "q8_k"
+
     # scales: 16 bytes (low nibble scale, high nibble min), qs: 64 bytes, d: f16, dmin: f16.
     # value 128h + 32s + l (sub-block j = its index // 16) = (d*sc_j) * ((qs[32h+l] >> 2s) & 3) - dmin*m_j
     OFFSETS = np.array([-0.5, -0.25, 0.25, 0.5], dtype=np.float32)
@@ -169,6 +171,8 @@ def _q3_k_pack_scales(ls: np.ndarray) -> np.ndarray:
 
 
 class Q3_K(QuantFormat, qtype=GGMLQuantizationType.Q3_K):
+    vec_dot_type = "q8_k"
+
     # hmask: 32 bytes, qs: 64 bytes, scales: 12 bytes (16 x 6 bits), d: f16.
     # value v = 128h + 32s + l: (d*(sc_j - 32)) * (((qs[32h+l] >> 2s) & 3) - (bit (v >> 5) of hmask[l] ? 0 : 4))
     @classmethod
@@ -208,6 +212,8 @@ class Q3_K(QuantFormat, qtype=GGMLQuantizationType.Q3_K):
 # ----------------------------------------------------------------------------- IQ4_NL, IQ4_XS
 
 class IQ4_NL(QuantFormat, qtype=GGMLQuantizationType.IQ4_NL):
+    vec_dot_type = "q8_0"
+
     # d: f16, qs: 16 bytes; value j = d * level[qs[j] & 15], value 16 + j = d * level[qs[j] >> 4]
     @classmethod
     def dequantize_blocks(cls, blocks):
@@ -231,6 +237,8 @@ class IQ4_NL(QuantFormat, qtype=GGMLQuantizationType.IQ4_NL):
 
 
 class IQ4_XS(QuantFormat, qtype=GGMLQuantizationType.IQ4_XS):
+    vec_dot_type = "q8_k"
+
     # d: f16, scales_h: u16, scales_l: 4 bytes, qs: 128 bytes. Sub-block j (32 values):
     # ls = (nibble j&1 of scales_l[j/2]) | ((scales_h >> 2j) & 3) << 4; dl = d * (ls - 32);
     # value 32j + l = dl * level[qs[16j + l] & 15], 32j + 16 + l = dl * level[qs[16j + l] >> 4]
@@ -271,6 +279,8 @@ class IQ4_XS(QuantFormat, qtype=GGMLQuantizationType.IQ4_XS):
 # ----------------------------------------------------------------------------- IQ3_S, IQ3_XXS
 
 class IQ3_S(QuantFormat, qtype=GGMLQuantizationType.IQ3_S):
+    vec_dot_type = "q8_k"
+
     # d: f16, qs: 64 bytes, qh: 8 bytes, signs: 32 bytes, scales: 4 bytes. Group g of 4 values
     # (g < 64): grid row qs[g] | ((qh[g/8] >> g%8) & 1) << 8 of the 512 x 4 lattice (odd 1..15);
     # sub-block k = g/8: db = d * (1 + 2*nibble k&1 of scales[k/2]); value v gets a minus sign
@@ -309,6 +319,8 @@ class IQ3_S(QuantFormat, qtype=GGMLQuantizationType.IQ3_S):
 
 
 class IQ3_XXS(QuantFormat, qtype=GGMLQuantizationType.IQ3_XXS):
+    vec_dot_type = "q8_k"
+
     # d: f16, qs: 64 grid indices (256 x 4 lattice), then 8 u32 (one per 32 values):
     # bits 7l..7l+6 index ksigns for the 8 values 8l.., bits 28..31 the scale s;
     # db = d * (0.5 + s) * 0.5.

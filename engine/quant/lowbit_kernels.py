@@ -11,12 +11,12 @@ and (x86, AVX2 and up) integer decode rows.
 * ``_mv_*_q8`` (``MATVEC_INT8``) and ``_mm_*_q8`` (``MULTI_TOKEN_INT8``, several tokens): on x86
   (every level from AVX2 up) Q2_K, Q3_K, IQ4_XS, IQ3_S, IQ4_NL and Q5_K multiply in integer arithmetic against the activations quantized as llama.cpp
   quantizes them (engine/quant/x86/lowbit.py); arm64 takes arm/lowbit.py's instead, IQ3_XXS
-  keeps the float rows above. engine/quant/paths.py names the path per format.
-* ``_mm_*_panel`` (``MULTI_TOKEN_INT8`` on AVX-512 VNNI for IQ4_XS, Q3_K, Q5_K: ``PANEL``): the
+  keeps the float rows above. engine/quant/traits.py names the kernels per format and level.
+* ``_mm_*_panel`` (``PANEL``, AVX-512 VNNI, IQ4_XS, Q3_K, Q5_K and Intel's Q4_K, Q6_K): the
   panel tiles, for prompts of every length there (`_panel_rows`).
 
-The other x86 tiles run prefills up to kernels.SHORT_PREFILL tokens (a chat turn's suffix);
-longer ones dequantize + BLAS, and paths.py says so. See docs/formats.md.
+The other x86 tiles run prefills up to kernels.SHORT_PREFILL tokens (a chat turn's suffix) but
+on Zen with AVX-512; longer ones dequantize + BLAS (traits.py). See docs/formats.md.
 
 The IQ grids and levels are module-level arrays (numba freezes them into the compiled code)
 built from the gguf package by engine/quant/lowbit.py.
@@ -27,7 +27,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from numba import njit, prange
 
-from . import paths
+from .kernel_rows import FloatKernels
 from .njit_base import DQ as _DQ
 from .njit_base import MV as _MV
 from .njit_base import f16_at as _f16_at
@@ -327,10 +327,14 @@ def _mv_iq3_xxs(w, x, out):
         out[r] = acc
 
 
-DEQUANT = {T.Q2_K: _dq_q2_k, T.Q3_K: _dq_q3_k, T.IQ4_NL: _dq_iq4_nl, T.IQ4_XS: _dq_iq4_xs,
-           T.IQ3_S: _dq_iq3_s, T.IQ3_XXS: _dq_iq3_xxs}
-MATVEC = {T.Q2_K: _mv_q2_k, T.Q3_K: _mv_q3_k, T.IQ4_NL: _mv_iq4_nl, T.IQ4_XS: _mv_iq4_xs,
-          T.IQ3_S: _mv_iq3_s, T.IQ3_XXS: _mv_iq3_xxs}
+FLOAT = {
+    T.Q2_K: FloatKernels(_dq_q2_k, _mv_q2_k),
+    T.Q3_K: FloatKernels(_dq_q3_k, _mv_q3_k),
+    T.IQ4_NL: FloatKernels(_dq_iq4_nl, _mv_iq4_nl),
+    T.IQ4_XS: FloatKernels(_dq_iq4_xs, _mv_iq4_xs),
+    T.IQ3_S: FloatKernels(_dq_iq3_s, _mv_iq3_s),
+    T.IQ3_XXS: FloatKernels(_dq_iq3_xxs, _mv_iq3_xxs),
+}
 
 
 # ----------------------------------------------------------------------------- integer rows (x86)
@@ -380,7 +384,7 @@ def _mv_iq4_nl_q8(w, xq, xd, out):
 
 
 MATVEC_INT8 = {T.Q2_K: _mv_q2_k_q8, T.Q3_K: _mv_q3_k_q8, T.IQ4_XS: _mv_iq4_xs_q8, T.IQ3_S: _mv_iq3_s_q8,
-               T.IQ4_NL: _mv_iq4_nl_q8}
+               T.IQ4_NL: _mv_iq4_nl_q8, T.Q5_K: _mv_q5_k_q8}  # Q5_K: arm64 has arm/neon.py's instead
 
 
 # Several tokens (x86.lowbit's tiles, TILE tokens per weight block): xq (Tp*cols) int8, xd
@@ -533,18 +537,9 @@ def _mm_iq4_nl_q8(w, xq, xd, out):
 
 
 MULTI_TOKEN_INT8 = {T.Q2_K: _mm_q2_k_q8, T.Q3_K: _mm_q3_k_q8, T.IQ4_XS: _mm_iq4_xs_q8, T.IQ3_S: _mm_iq3_s_q8,
-                    T.IQ4_NL: _mm_iq4_nl_q8}
-# Q5_K: arm64 has its own rows and tiles (arm/neon.py, in kernels.py); these on x86 only
-if paths.target().level.is_x86_int8:
-    MATVEC_INT8[T.Q5_K] = _mv_q5_k_q8
-    MULTI_TOKEN_INT8[T.Q5_K] = _mm_q5_k_q8
-# The panel tiles (AVX-512 VNNI), which take the activations in the P16 order (Q8KTokens.p16;
-# kernels.MatvecPlan.tokens_q8k runs PANEL's before any other tile): paths.X86_LOWBIT_VNNI512's
-# on every AVX-512 VNNI core, and Q4_K's and Q6_K's where x86/avx512.py's tiles do not win at
-# every prompt length (Intel).
-PANEL: dict = {}
-if paths.target().level == paths.Level.AVX512VNNI:
-    PANEL = {T.IQ4_XS: _mm_iq4_xs_panel, T.Q3_K: _mm_q3_k_panel, T.Q5_K: _mm_q5_k_panel}
-    MULTI_TOKEN_INT8.update(PANEL)
-    if not paths.target().cpu_name.startswith("znver"):  # kernels._tiles_win_at_every_length
-        PANEL.update({T.Q4_K: _mm_q4_k_panel, T.Q6_K: _mm_q6_k_panel})
+                    T.IQ4_NL: _mm_iq4_nl_q8, T.Q5_K: _mm_q5_k_q8}
+# The panel tiles (AVX-512 VNNI), which take the activations in the P16 order (Q8KTokens.p16):
+# traits.py gives IQ4_XS's, Q3_K's and Q5_K's to every AVX-512 VNNI core, Q4_K's and Q6_K's
+# where x86/avx512.py's tiles do not win at every prompt length (Intel).
+PANEL = {T.IQ4_XS: _mm_iq4_xs_panel, T.Q3_K: _mm_q3_k_panel, T.Q5_K: _mm_q5_k_panel, T.Q4_K: _mm_q4_k_panel,
+         T.Q6_K: _mm_q6_k_panel}

@@ -1,4 +1,4 @@
-"""Which kernel multiplies each weight format on this CPU, decided once per process and said.
+"""The instruction-set level numba compiles for on this CPU, decided once per process and said.
 
 The instruction set is the one numba compiles for, not the host's by itself: numba's JIT
 takes the CPU name from NUMBA_CPU_NAME (else the host) and the ISA features from
@@ -17,19 +17,12 @@ Levels (one folder of kernel files per ISA under engine/quant/: x86/, arm/):
 | `neon-dotprod` | Graviton2 (Neoverse N1): Armv8.2 + dotprod | `sdot` rows and tiles | `arm/neon.py`, `arm/x4.py`, `arm/tiles.py`, `arm/lowbit.py` |
 | `portable` | arm64 without dot products, older x86 | float kernels, dequantize + BLAS | `float_kernels.py`, `lowbit_kernels.py` |
 
-Q2_K, Q3_K, Q5_K, IQ4_XS, IQ4_NL and IQ3_S (`X86_LOWBIT_INT8`) have integer decode rows and
-short-prefill tiles on the x86 levels, the same AVX2 instructions on each (`x86/lowbit.py`,
-named `avx2-int8`), except IQ4_XS's, Q3_K's and Q5_K's on avx512vnni (`X86_LOWBIT_VNNI512`:
-the panel tiles, 512-bit `vpdpbusd`, named `avx512vnni-int8`, for prefills of every length, Intel's
-and AMD's); the others' long prefills run the tiles where Q4_K's do (Zen with AVX-512), else
-dequantize + BLAS. On arm64 with dot products Q2_K, Q3_K, IQ4_XS, IQ4_NL and IQ3_S
-(`ARM_LOWBIT_INT8`) have `sdot` decode rows and tiles (`arm/lowbit.py`, named `neon-dotprod-int8`
-for decode and for prefills of every length, V1/V2 included: no `smmla` tile for them yet), as
-Q4_K/Q5_K/Q6_K/Q8_0 have in `arm/neon.py`. IQ3_XXS is float rows / dequantize + BLAS everywhere.
+Which format runs which kernel on each level is its traits row (engine/quant/traits.py, with the
+table of files per format).
 
 engine/quant/choice.py's `kernel_paths()` is what the init log line and the bench receipt print:
 `{"Q4_K": {"decode": "avx2-int8", "prefill": "avx512vnni-int8"}, ...}`. This module imports no
-kernel file: the ISA files and the dispatchers read it.
+kernel file: the ISA files, traits.py and the dispatchers read it.
 """
 from __future__ import annotations
 
@@ -38,7 +31,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from functools import cache
 
-from gguf import GGMLQuantizationType as T
+import numpy as np
 
 X86 = {"x86_64", "AMD64"}
 ARM = {"aarch64", "arm64"}
@@ -80,6 +73,12 @@ class Level(StrEnum):
         """The integer tiles' vector width: 64 on the AVX-512 levels, else 32."""
         return 64 if self.is_avx512 else 32
 
+    @property
+    def q8_0_dtype(self) -> type:
+        """Q8_0's integer rows' activation dtype: int8 for arm64's `sdot`, int16 elsewhere
+        (int8_dot's x86 rows multiply them in `vpmaddwd` pairs)."""
+        return np.int8 if self.is_arm else np.int16
+
 
 # NUMBA_CPU_FEATURES="" (how tests/arm64 and function/numba_cache.py pin a Graviton target) means
 # "the named CPU's own features" to LLVM, so the features are read from the name: LLVM's
@@ -103,20 +102,6 @@ X86_CASCADELAKE = X86_64_V3 + ("avx512f", "avx512cd", "avx512bw", "avx512dq", "a
 
 # NUMBA_CPU_FEATURES="" on x86_64: the image levels' features, as for ARM above
 X86_CPU_FEATURES = {"x86-64-v3": X86_64_V3, "cascadelake": X86_CASCADELAKE}
-
-INT8_FORMATS = (T.Q4_K, T.Q6_K, T.Q8_0)        # row kernels (decode) and tiles (prefill)
-# x86/lowbit.py's rows and short-prefill tiles (every x86 level): long prefills dequantize + BLAS
-# (but X86_LOWBIT_VNNI512's on avx512vnni)
-X86_LOWBIT_INT8 = (T.Q2_K, T.Q3_K, T.IQ4_XS, T.IQ4_NL, T.IQ3_S, T.Q5_K)
-# of those, the formats with panel tiles (512-bit `vpdpbusd`, every prompt length) on avx512vnni
-# (x86/lowbit.py, after the AVX2 code; lowbit_kernels.PANEL)
-X86_LOWBIT_VNNI512 = (T.IQ4_XS, T.Q3_K, T.Q5_K)
-ARM_INT8_FORMATS = (T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0)  # arm/neon.py's rows and tiles
-ARM_LOWBIT_INT8 = (T.Q2_K, T.Q3_K, T.IQ4_XS, T.IQ4_NL, T.IQ3_S)  # arm/lowbit.py's `sdot` rows and tiles
-TILE_FORMATS = (T.Q4_K, T.Q6_K)                 # per-ISA tiles; Q8_0's tile is portable IR
-SMMLA_FORMATS = (T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0)  # arm/neon.py's `smmla` tiles on neon-i8mm
-X4_FORMATS = (T.Q4_K, T.Q6_K)  # arm/neon.py's rows and tiles over 4 rows interleaved (repack_x4)
-
 
 @dataclass(frozen=True)
 class Target:
@@ -181,34 +166,6 @@ def target() -> Target:
         # matrix: 36 s of ready time)
         feats = frozenset(X86_CPU_FEATURES.get(name, ()))
     return Target(machine, name, feats)
-
-
-def has_int8(qtype) -> bool:
-    """Whether `qtype`'s products run in integer arithmetic here: decode rows, and the tiles of
-    the formats that have them (X86_LOWBIT_INT8: decode rows only)."""
-    level = target().level
-    formats = ARM_INT8_FORMATS + ARM_LOWBIT_INT8 if level.is_arm else INT8_FORMATS + X86_LOWBIT_INT8
-    return T(qtype) in formats and level != Level.PORTABLE
-
-
-def x4_layout(qtype) -> bool:
-    """Whether `qtype`'s integer kernels here take its weights repacked 4 rows interleaved
-    (arm.x4.repack_x4, once per matrix when MatvecPlan is built): X4_FORMATS on the arm64 int8
-    levels. The kernel names say so with an `x4` suffix."""
-    return target().level.is_arm and has_int8(qtype) and T(qtype) in X4_FORMATS
-
-
-def tile_level(qtype) -> Level:
-    """The level whose instructions `qtype`'s multi-token tile runs: arm64's i8mm targets run
-    `smmla` tiles for SMMLA_FORMATS, `sdot` ones for any other format."""
-    level = target().level
-    if level == Level.NEON_I8MM:
-        return level if T(qtype) in SMMLA_FORMATS else Level.NEON_DOTPROD
-    if level == Level.AVX512VNNI and T(qtype) in X86_LOWBIT_VNNI512:
-        return level
-    if level.is_x86_int8 and T(qtype) in X86_LOWBIT_INT8:
-        return Level.AVX2  # x86/lowbit.py's tiles: AVX2 instructions on every other x86 level
-    return level
 
 
 def summary() -> dict:

@@ -25,6 +25,7 @@ from gguf import GGMLQuantizationType as T  # noqa: E402
 
 from engine.quant import formats as F  # noqa: E402
 from engine.quant import kernels as K  # noqa: E402
+from engine.quant import int8_kernels, lowbit_kernels, traits  # noqa: E402
 from tests.asm import asm_of  # noqa: E402
 
 CPU = os.environ.get("NUMBA_CPU_NAME") or "generic"
@@ -79,7 +80,7 @@ def _compiled(qtype):
     plan = K.MatvecPlan(qtype, raw, rows, 512)  # the kernel decode runs here: float or int8
     plan(rng.standard_normal(512, dtype=np.float32), out)
     K.dequantize_rows_into(qtype, raw, np.empty((rows, 512), np.float32))
-    return plan.kernel, K._DEQUANT[qtype]
+    return plan.kernel, traits.float_row(qtype).dequant
 
 
 # ---------------------------------------------------------------- the checker is falsifiable
@@ -174,7 +175,10 @@ def test_every_kernel_the_model_compiles_is_vectorised(model_factory):
     # `generic` another test in this process may have compiled their portable IR (test_quant_kernels
     # forces them), but the model here never runs them.
     int8_only = set() if K.has_int8_kernels(T.Q4_K) else {
-        k.__name__ for k in (*K._MATVEC_INT8.values(), K.mm_k_q8k, K.mm_q8_0_q8, K.mm_q5_k_q8k)}
+        k.__name__ for k in (*lowbit_kernels.MATVEC_INT8.values(), *lowbit_kernels.MULTI_TOKEN_INT8.values(),
+                             *lowbit_kernels.PANEL.values(), int8_kernels.mv_k_q8k, int8_kernels.mv_q8_0_q8,
+                             int8_kernels.mv_q5_k_q8k, int8_kernels.mm_k_q8k, int8_kernels.mm_q8_0_q8,
+                             int8_kernels.mm_q5_k_q8k)}
     for modname, mod in list(sys.modules.items()):
         if not modname.startswith("engine") or mod is None:
             continue

@@ -33,8 +33,10 @@ def _exact(qtype, raw, rows, cols, x):
 
 def test_arm_lowbit_formats_are_their_own_and_every_low_bit_format():
     # the formats issue 20 lists, none of them also one of arm/neon.py's
-    assert set(paths.ARM_LOWBIT_INT8) == {T.Q2_K, T.Q3_K, T.IQ4_XS, T.IQ4_NL, T.IQ3_S}
-    assert not set(paths.ARM_LOWBIT_INT8) & set(paths.ARM_INT8_FORMATS)
+    from engine.quant.arm import lowbit as arm_lowbit
+
+    assert set(arm_lowbit.MATVEC_INT8) == set(arm_lowbit.MULTI_TOKEN_INT8) == {T.Q2_K, T.Q3_K, T.IQ4_XS, T.IQ4_NL, T.IQ3_S}
+    assert not set(arm_lowbit.MATVEC_INT8) & {T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0}
 
 
 @on_arm

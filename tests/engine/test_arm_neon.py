@@ -11,13 +11,14 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from gguf import quants as gq
 
-from engine.quant.arm import x4
-from engine.quant import kernels as K
+from engine.quant.arm import tiles, x4
+from engine.quant import int8_kernels, kernels as K
 from engine.quant import choice, paths
 from engine.quant.activations import round_activations
 from tests.engine.test_quant_kernels import RTOL, _random_blocks
 
 FORMATS = [T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0]
+X4_FORMATS = (T.Q4_K, T.Q6_K)  # repacked 4 rows interleaved on every arm level
 on_arm = pytest.mark.skipif(not paths.target().level.is_arm,
                             reason="arm64 with dot products (make test-arm64: neoverse-n1, -v1, -v2)")
 
@@ -42,7 +43,7 @@ def test_arm_levels_from_the_cpu_name_and_features():
 
 
 @pytest.mark.parametrize("rows", [1, 4, 7, 24])
-@pytest.mark.parametrize("qtype", paths.X4_FORMATS, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", X4_FORMATS, ids=lambda t: t.name)
 def test_x4_layout_holds_the_rows_weights(qtype, rows):
     # pure numpy, so it runs everywhere: the repacked bytes decode to exactly gguf.quants' weights
     # of the rows (arbitrary bytes; 1 and 7 rows: the zero-padded last group), in as many bytes
@@ -59,8 +60,9 @@ def test_x4_layout_holds_the_rows_weights(qtype, rows):
 def test_paths_name_the_arm_kernels_per_format():
     got = choice.kernel_paths(FORMATS)
     for qt in FORMATS:
-        x4 = "x4" if qt in paths.X4_FORMATS else ""
-        assert got[qt.name] == {"decode": "neon-dotprod-int8" + x4, "prefill": f"{paths.tile_level(qt)}-int8{x4}"}, got
+        x4 = "x4" if qt in X4_FORMATS else ""
+        # every one of FORMATS has `smmla` tiles on neon-i8mm: the prefill names the level
+        assert got[qt.name] == {"decode": "neon-dotprod-int8" + x4, "prefill": f"{paths.target().level}-int8{x4}"}, got
         assert K.has_int8_kernels(qt) and K.has_int8_prefill(qt)
     assert choice.kernel_paths([T.Q4_0])["Q4_0"] == {"decode": "float", "prefill": "dequantize+blas"}
 
@@ -77,7 +79,7 @@ def test_decode_rows_are_the_exact_product(qtype):
     plan = K.MatvecPlan(qtype, raw, rows, cols)
     assert plan.int8
     # the x4 formats' plan holds the repacked matrix in place of the rows
-    assert plan.x4 == (qtype in paths.X4_FORMATS)
+    assert plan.x4 == (qtype in X4_FORMATS)
     assert plan.w.shape[0] == (6 if plan.x4 else rows)
     out = np.empty(rows, np.float32)
     plan(x, out)
@@ -112,13 +114,13 @@ def test_arm_kernels_are_sdot_code(qtype):
     plan = K.MatvecPlan(qtype, raw, rows, cols)
     plan(np.ones(cols, np.float32), np.empty(rows, np.float32))
     plan.tokens(np.ones((3, cols), np.float32))
-    i8mm = paths.tile_level(qtype) == "neon-i8mm"
+    i8mm = paths.target().level == "neon-i8mm"
     if plan.x4:
-        tile = K.mm_k_x4_smmla if i8mm else K.mm_k_x4
+        tile = tiles.mm_k_x4_smmla if i8mm else tiles.mm_k_x4
     elif i8mm:
-        tile = K.mm_q8_0_smmla if qtype == T.Q8_0 else K.mm_k_smmla
+        tile = tiles.mm_q8_0_smmla if qtype == T.Q8_0 else tiles.mm_k_smmla
     else:
-        tile = {T.Q8_0: K.mm_q8_0_q8, T.Q5_K: K.mm_q5_k_q8k}.get(qtype, K.mm_k_q8k)
+        tile = {T.Q8_0: int8_kernels.mm_q8_0_q8, T.Q5_K: int8_kernels.mm_q5_k_q8k}.get(qtype, int8_kernels.mm_k_q8k)
     for kernel, want in ((plan.kernel, "sdot"), (tile, "smmla" if i8mm else "sdot")):
         asm = "\n".join(asm_of(kernel))
         for op in (want, "prfm"):

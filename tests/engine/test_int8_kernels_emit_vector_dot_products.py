@@ -15,12 +15,12 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 from engine.quant import kernels as K
-from engine.quant import paths
+from engine.quant import paths, traits
 from tests.asm import asm_of
 
 llvm = pytest.importorskip("llvmlite.binding")
 pytestmark = pytest.mark.skipif(
-    platform.machine() not in K.INT8_MACHINES or "+avx2" not in llvm.get_host_cpu_features().flatten(),
+    platform.machine() not in traits.INT8_MACHINES or "+avx2" not in llvm.get_host_cpu_features().flatten(),
     reason="the integer kernels' x86 instructions: an x86_64 host with AVX2")
 
 # the instructions each format's row kernels must contain
@@ -58,11 +58,7 @@ def _compiled(qtype, tokens: int):
         plan(x[0], np.empty(rows, np.float32))
         return plan.kernel
     plan.tokens(x)
-    if qtype in K._LOWBIT_PANEL:
-        return K._LOWBIT_PANEL[qtype]
-    if qtype in K._LOWBIT_MM:
-        return K._LOWBIT_MM[qtype]
-    return K.mm_q8_0_q8 if qtype == T.Q8_0 else K.mm_k_q8k
+    return plan.k.tile
 
 
 @pytest.mark.parametrize("tokens", [1, 5], ids=["decode", "tile"])
@@ -70,7 +66,7 @@ def _compiled(qtype, tokens: int):
 def test_integer_row_kernels_use_the_x86_dot_instructions(qtype, tokens):
     asm = "\n".join(asm_of(_compiled(qtype, tokens)))
     want = EXPECTED[qtype] if tokens == 1 or qtype == T.Q8_0 else TILE_EXPECTED[paths.target().level]
-    if tokens > 1 and qtype in K._LOWBIT_PANEL:  # Intel's AVX-512 VNNI: the panel tiles
+    if tokens > 1 and traits.int8_row(qtype).tile_call == "panel":  # Intel's AVX-512 VNNI: the panel tiles
         want = PANEL_K_EXPECTED[qtype]
         extra = [op for op in VNNI512_TILE_ABSENT if op in asm]
         assert not extra, f"{qtype.name} x{tokens}: {extra} in the panel kernel's assembly"
@@ -84,7 +80,7 @@ def test_low_bit_kernels_use_the_x86_dot_instructions(qtype, tokens):
     asm = "\n".join(asm_of(_compiled(qtype, tokens)))
     want = LOWBIT_EXPECTED[qtype]
     absent: tuple = ()
-    if tokens > 1 and paths.tile_level(qtype) == "avx512vnni":
+    if tokens > 1 and traits.int8_row(qtype).level == "avx512vnni":
         want, absent = VNNI512_TILE_EXPECTED[qtype], VNNI512_TILE_ABSENT
     missing = [op for op in want if op not in asm]
     assert not missing, f"{qtype.name} x{tokens}: no {missing} in the kernel's assembly"
@@ -107,7 +103,7 @@ PANEL_K_EXPECTED = {T.Q4_K: ("vpermi2d", "vpdpbusd", "prefetcht0"), T.Q6_K: ("vp
 
 
 @pytest.mark.skipif(paths.target().level != "avx512vnni", reason="numba compiling for AVX-512 VNNI")
-@pytest.mark.parametrize("qtype", paths.X86_LOWBIT_VNNI512, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", (T.IQ4_XS, T.Q3_K, T.Q5_K), ids=lambda t: t.name)
 def test_low_bit_vnni_tiles_use_512_bit_registers(qtype):
     asm = "\n".join(asm_of(_compiled(qtype, 5)))
     wide = [line for line in asm.splitlines() if "vpdpbusd" in line and "zmm" in line]

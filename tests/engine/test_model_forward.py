@@ -9,7 +9,7 @@ from gguf import GGMLQuantizationType
 from engine import deltanet, weights
 from engine.gguf_file import GGUFFile
 from engine.models.qwen35 import Qwen35
-from engine.quant import kernels
+from engine.quant import kernels, traits
 from engine.session import Session
 
 
@@ -156,7 +156,7 @@ def test_tied_and_untied_heads(model_factory):
     assert not GGUFFile(model_factory("tiny", "F32", head="tied")).has_tensor("output.weight")
 
 
-@pytest.mark.skipif(platform.machine() not in kernels.INT8_MACHINES, reason="the int8 kernels run on x86_64")
+@pytest.mark.skipif(platform.machine() not in traits.INT8_MACHINES, reason="the int8 kernels run on x86_64")
 @pytest.mark.parametrize("weights_type,n_tokens", [("Q4_K_M", 5), ("Q4_K_M", 101), ("Q8_0", 64)])
 def test_batched_prefill_runs_the_int8_kernels(model_factory, monkeypatch, weights_type, n_tokens):
     # a chat turn's suffix (<= SHORT_PREFILL tokens) of a Q4_K_M or Q8_0 model, and a Q4_K_M

@@ -7,7 +7,7 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 from engine.quant import formats as F
-from engine.quant import kernels as K
+from engine.quant import kernels as K, traits
 from engine.quant.activations import round_activations
 
 ALL = [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K]
@@ -66,7 +66,7 @@ def _random_blocks(qtype, rows, cols, seed):
 def int8_here(monkeypatch):
     """The integer kernels enabled on this machine whatever INT8_MACHINES says: their IR is
     generic LLVM, so `make test-arm64` compiles and checks it on every arm64 target too."""
-    monkeypatch.setattr(K, "INT8_MACHINES", K.INT8_MACHINES | {platform.machine()})
+    monkeypatch.setattr(traits, "INT8_MACHINES", traits.INT8_MACHINES | {platform.machine()})
 
 
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0], ids=lambda t: t.name)
@@ -75,7 +75,7 @@ def test_int8_kernels_run_where_enabled(qtype):
     from engine.quant import paths
 
     # x86_64, and arm64 with dot products (its own kernels, engine/quant/arm/neon.py)
-    here = platform.machine() in K.INT8_MACHINES or paths.target().level.is_arm
+    here = platform.machine() in traits.INT8_MACHINES or paths.target().level.is_arm
     assert K.MatvecPlan(qtype, raw, 2, 256).int8 == here
 
 

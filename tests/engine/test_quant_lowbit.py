@@ -113,10 +113,11 @@ def test_path_chooser_names_the_paths(qtype):
     # IQ3_XXS and every format on arm64 decode with float rows; prefill is dequantize + BLAS
     int8 = qtype in X86_INT8 and paths.target().level.is_x86_int8
     # IQ4_XS's, Q3_K's and Q5_K's tiles are the panel tiles on AVX-512 VNNI (x86/lowbit.py)
-    vnni512 = paths.target().level == "avx512vnni" and qtype in paths.X86_LOWBIT_VNNI512
+    vnni512 = paths.target().level == "avx512vnni" and qtype in (T.IQ4_XS, T.Q3_K, T.Q5_K)
     # long prompts: the panel tiles, or the tiles where Q4_K's take every length (Zen with
     # AVX-512), else BLAS
-    long = int8 and (vnni512 or K._tiles_win_at_every_length())
+    zen512 = paths.target().level.is_avx512 and paths.target().cpu_name.startswith("znver")
+    long = int8 and (vnni512 or zen512)
     tile = "avx512vnni-int8" if vnni512 else "avx2-int8"
     want = {"decode": "avx2-int8" if int8 else "float", "prefill": tile if long else "dequantize+blas"}
     assert choice.kernel_paths([qtype]) == {qtype.name: want}

@@ -33,7 +33,7 @@ LEVELS = {
     "avx512vnni-image": paths.X86_CASCADELAKE,
 }
 # the CPU name each run compiles for: AMD's AVX-512 VNNI keeps x86/avx512.py's K-format tiles at
-# every prompt length (kernels._tiles_win_at_every_length), Intel's takes the panel tiles for
+# every prompt length (traits.py, Int8Kernels.every_length), Intel's takes the panel tiles for
 # Q4_K and Q6_K too (lowbit_kernels.PANEL)
 CPU_NAME = {"avx512vnni-znver": "znver4", "avx512vnni-image": "cascadelake"}
 EMPTY_FEATURES = {"avx512vnni-image"}
@@ -54,7 +54,7 @@ import engine
 from engine import threads
 threads.configure(2)
 from gguf import GGMLQuantizationType as T
-from engine.quant import kernels as K, paths, formats as F
+from engine.quant import kernels as K, paths, traits, formats as F
 from engine.quant.activations import round_activations
 from tests.asm import asm_of
 from tests.engine.test_quant_kernels import _random_blocks, RTOL
@@ -101,13 +101,13 @@ for qt in X86_INT8:
         worst = max(worst, float(np.max(np.abs(got - xr @ W.T) / (RTOL * (np.abs(xr) @ np.abs(W).T) + 1e-30))))
     res["errors"][qt.name] = worst
 # IQ4_XS's, Q3_K's and Q5_K's tiles: 512-bit vpdpbusd at avx512vnni only (x86/lowbit.py), AVX2 elsewhere
-res["vnni512_tiles"] = {qt.name: "vpdpbusd" in "\n".join(asm_of(K._LOWBIT_MM[qt])) for qt in paths.X86_LOWBIT_VNNI512}
-asm = "\n".join(asm_of(K._LOWBIT_PANEL[T.Q4_K] if T.Q4_K in K._LOWBIT_PANEL else K.mm_k_q8k))
+res["vnni512_tiles"] = {qt.name: "vpdpbusd" in "\n".join(asm_of(traits.int8_row(qt).tile)) for qt in (T.IQ4_XS, T.Q3_K, T.Q5_K)}
+asm = "\n".join(asm_of(traits.int8_row(T.Q4_K).tile))
 res["asm"] = {op: op in asm for op in sys.argv[1].split(",") if op}
 # the Q8_0 decode row and tile: the block scale converted without a merge into a live register
 plan = K.MatvecPlan(T.Q8_0, _random_blocks(T.Q8_0, 4096, 256, 3), 4096, 256)
 plan(np.ones(256, np.float32), np.empty(4096, np.float32))
-q8 = "\n".join(asm_of(plan.kernel) + asm_of(K.mm_q8_0_q8))
+q8 = "\n".join(asm_of(plan.kernel) + asm_of(traits.int8_row(T.Q8_0).tile))
 res["q8_0_merges"] = [line.strip() for line in q8.splitlines() if "vpinsrw" in line]
 print("RESULT " + json.dumps(res))
 """
@@ -175,7 +175,7 @@ def test_image_targets_with_empty_features_run_their_levels_int8_kernels(name, l
 
     assert name in dict(X86_LEVELS) and name in paths.X86_CPU_FEATURES
     code = ("import json; from engine.quant import choice, paths; from gguf import GGMLQuantizationType as T; "
-            "print(json.dumps([paths.target().level, paths.has_int8(T.Q4_K), paths.has_int8(T.IQ4_XS), "
+            "print(json.dumps([paths.target().level, choice.decode_path(T.Q4_K) != 'float', choice.decode_path(T.IQ4_XS) != 'float', "
             "choice.prefill_path(T.IQ4_XS)]))")
     env = dict(os.environ, NUMBA_CPU_NAME=name, NUMBA_CPU_FEATURES="")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,

@@ -27,10 +27,10 @@ at most 32 and summed over a block's 16 vectors that is below 2^26. Nothing satu
 Everything is fixed 128-bit NEON with named intrinsics (`sdot`, `tbl`) and generic vector IR,
 so none of it goes through the SVE partial reduction LLVM 22.1 miscompiles above 128-bit vectors
 (docs/arm64.md). The tiles are `sdot` on every Graviton, i8mm ones included (no `smmla` tile for
-these formats yet: paths.tile_level names `neon-dotprod` for them on V1/V2).
+these formats yet: their traits rows name `neon-dotprod` for them on V1/V2).
 
-Where they run: paths.ARM_LOWBIT_INT8 on the `neon-dotprod` / `neon-i8mm` levels; kernels.py
-takes MATVEC_INT8 and MULTI_TOKEN_INT8 from here instead of lowbit_kernels' (x86) there.
+Where they run: on the `neon-dotprod` / `neon-i8mm` levels, MATVEC_INT8 and MULTI_TOKEN_INT8 from
+here are these formats' traits rows (traits.py) instead of lowbit_kernels' (x86).
 """
 from __future__ import annotations
 

@@ -283,7 +283,7 @@ def q8_0_row_pair_smmla(typingctx, row0, row1, nb, xq, xo, xstride, xd, do, dstr
     """res[r * TILE + t] = Q8_0 row r (of row0, row1) times token t's int8 Q8_0 activations
     (values at xq[xo + t*xstride:], scales at xd[do + t*dstride:]), t < TILE: i8mm only."""
     if xq.dtype.bitwidth != 8:
-        raise TypeError("the smmla tile takes int8 activations (kernels._q8_0_activations)")
+        raise TypeError("the smmla tile takes int8 activations (traits.Int8Kernels.q8_0)")
     return types.void(row0, row1, nb, xq, xo, xstride, xd, do, dstride, res), _q8_0_pair_codegen
 
 

@@ -1,7 +1,6 @@
 """arm64's matrix kernels over arm/neon.py's intrinsics: the `smmla` tiles (two rows a tile,
 the i8mm level) of the K formats and Q8_0, and the x4 layout's rows and tiles (4 rows
-interleaved, one `sdot` lane per row). kernels.MatvecPlan picks them by paths.tile_level and
-paths.x4_layout.
+interleaved, one `sdot` lane per row). Their formats' traits rows (traits.py) name them on the arm levels.
 """
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ generic IR needed run-time knobs for that). Every x86 level from AVX2 up runs th
 bytes (the Q4_K/Q6_K rows are 256-bit on AVX-512 too). IQ4_XS, Q3_K and Q5_K have a second
 prefill scheme on AVX-512 VNNI, at the end of this file: the panel tiles (weights unpacked once per
 product into the P16 order, 2 rows x 4 tokens of 512-bit `vpdpbusd`), which lowbit_kernels runs
-at every prompt length on that level (paths.X86_LOWBIT_VNNI512).
+at every prompt length on that level (traits.py).
 
 * Q2_K, Q3_K, Q5_K: weights unsigned (Q2_K 0..3, Q3_K 0..7 after adding the high bit as +4,
   Q5_K 0..31), so `vpmaddubsw` (u8 x s8 -> i16 pairs) then `vpmaddwd` by the run's scales.
