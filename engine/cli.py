@@ -96,12 +96,10 @@ def cmd_make_model(args: argparse.Namespace) -> int:
 
 def cmd_info(args: argparse.Namespace) -> int:
     from engine.gguf_file import GGUFFile
-    from engine.models.qwen35 import Qwen35Config
+    from engine.models import load_config
 
     f = GGUFFile(args.model)
-    if f.architecture != "qwen35":
-        raise ValueError(f"{args.model}: architecture {f.architecture!r} is not supported; supported: qwen35")
-    cfg = Qwen35Config.from_gguf(f)
+    cfg = load_config(f)
     hist = collections.Counter(f.tensor(n).qtype.name for n in f.tensor_names)
     print(json.dumps({
         "architecture": f.architecture, "config": cfg.__dict__, "tensors": len(f.tensor_names),

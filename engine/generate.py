@@ -21,7 +21,7 @@ from engine.errors import ContextOverflow, ModelLoadError, PrefillDeadline
 from engine.gguf_file import GGUFFile
 from engine.history import FieldEscape, Piece, split_history_reasoning
 from engine.jsonlog import LogFn, log_event
-from engine.models.qwen35 import Qwen35
+from engine.models import LanguageModel, load_model
 from engine.sampling import Sampler, SamplingParams
 from engine.session import PrefillResult, Session
 from engine.settings import Settings
@@ -90,7 +90,7 @@ def _stop_hold(text: str, stops: Sequence[str]) -> int:
 
 
 class Engine:
-    def __init__(self, path: str, model: Qwen35, tokenizer: Tokenizer, template: ChatTemplate | None,
+    def __init__(self, path: str, model: LanguageModel, tokenizer: Tokenizer, template: ChatTemplate | None,
                  thread_config: threads_mod.ThreadConfig, n_ctx: int, load_ms: float, *,
                  snapshot_store: SnapshotStore | None = None, settings: Settings | None = None,
                  log: LogFn = log_event) -> None:
@@ -143,7 +143,7 @@ class Engine:
         tc = threads_mod.configure(threads if threads is not None else settings.threads)
         f = GGUFFile(path)
         try:
-            model = Qwen35(f)
+            model = load_model(f)
         except ModelLoadError:
             raise
         except (ValueError, TypeError, KeyError, IndexError, ZeroDivisionError, OverflowError) as exc:

@@ -8,7 +8,7 @@ see engine.snapshots) or prefills from zero (`batched`).
 Recurrent (DeltaNet) state cannot be rolled back, so prefill captures checkpoints: at the
 chat-message boundaries it is given, every `every` tokens, and at the end of the prompt. The
 batched prefill is split at `prefill_chunk` only: the model returns the state at each
-checkpoint from the same pass (`Qwen35.forward_capturing`: DeltaNet S and conv tail at the
+checkpoint from the same pass (`LanguageModel.forward_capturing`; Qwen3.5's: DeltaNet S and conv tail at the
 position, KV sliced to it). Splitting there instead cost a full pass over the weights per
 piece: a 538-token agent prompt with checkpoints at 256, 504, 512 and 533 took 9.9 s split and
 7.8 s in one pass (`python -m bench.agent_prefix`, 0.8B Q4_K_M).
@@ -24,7 +24,7 @@ import numpy as np
 
 from engine.errors import PrefillDeadline
 from engine.settings import DEFAULT_PREFILL_CHUNK
-from engine.models.qwen35 import Qwen35
+from engine.models import LanguageModel
 from engine.snapshots import Restored, Snapshot, SnapshotStore, prefix_hashes
 from engine.state import State
 
@@ -85,7 +85,7 @@ def checkpoint_positions(n_prompt: int, start: int, boundaries: Sequence[int] = 
 
 
 class Session:
-    def __init__(self, model: Qwen35, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+    def __init__(self, model: LanguageModel, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
                  store: SnapshotStore | None = None, every: int | None = None) -> None:
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")

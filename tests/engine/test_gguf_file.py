@@ -9,6 +9,7 @@ from gguf import GGUFWriter
 
 from engine.errors import ModelLoadError
 from engine.gguf_file import GGUFFile
+from engine import models
 from engine.models.qwen35 import Qwen35
 
 
@@ -56,6 +57,18 @@ def test_unsupported_architecture_lists_the_supported(tmp_path):
     p = _write(tmp_path, "llama", [("token_embd.weight", np.zeros((4, 8), np.float32), None)])
     with pytest.raises(ModelLoadError, match="'llama' is not supported; supported: qwen35"):
         Qwen35(GGUFFile(p))
+    # the registry (what Engine.load and `engine info` go through) says the same, before any weight
+    for load in (models.load_model, models.load_config):
+        with pytest.raises(ModelLoadError, match="'llama' is not supported; supported: qwen35"):
+            load(GGUFFile(p))
+
+
+def test_the_registry_picks_the_family_from_the_file(model_factory):
+    f = GGUFFile(str(model_factory("tiny", "Q4_K_M")))
+    assert set(models.ARCHITECTURES) == {"qwen35"}
+    m = models.load_model(f)
+    assert isinstance(m, Qwen35)
+    assert models.load_config(f) == m.config
 
 
 def test_missing_tensor_is_named(tmp_path, tiny_model_path):
