@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -138,7 +139,6 @@ def link(src: Path, out: Path) -> None:
     try:
         out.symlink_to(src.resolve())
     except OSError:
-        import shutil
         shutil.copyfile(src, out)
 
 

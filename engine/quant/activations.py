@@ -10,6 +10,7 @@ our Q4_K_M logits and llama.cpp's; with it the only difference left is summation
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cache
 
 import numpy as np
 from gguf import GGMLQuantizationType as Q
@@ -207,10 +208,11 @@ def _bf16(x: np.ndarray) -> np.ndarray:
     return rounded.view(np.float32)
 
 
+@cache
 def activation_format(weight_type: Q) -> str:
     """The rounding a product with a `weight_type` matrix applies to its activations (the
     format's `vec_dot_type`): products whose formats give the same name can share one rounded
-    copy of their input."""
+    copy of their input. Cached: the float decode path asks once per matrix and token."""
     return get_format(weight_type).vec_dot_type
 
 
