@@ -74,12 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     C.grammar_tokenizer(tok)
     trie_ms = (time.perf_counter() - t0) * 1e3
 
-    spec = C.tool_call_grammar(TOOLS)
+    spec = C.tool_call_grammar(TOOLS, eng.conventions)
     t0 = time.perf_counter()
     C.compile_grammar(spec, tok)
     tools_compile_ms = (time.perf_counter() - t0) * 1e3
     t0 = time.perf_counter()
-    C.compile_grammar(C.tool_call_grammar(TOOLS), tok)
+    C.compile_grammar(C.tool_call_grammar(TOOLS, eng.conventions), tok)
     tools_cached_ms = (time.perf_counter() - t0) * 1e3
     schema_spec = C.json_schema_grammar(SCHEMA)
     t0 = time.perf_counter()

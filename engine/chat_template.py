@@ -382,12 +382,10 @@ def _environment() -> ImmutableSandboxedEnvironment:
     return env
 
 
-# ChatML, as every Qwen template writes it: the markers the engine needs to find turn boundaries
-# in a rendered prompt, and the reasoning block a generation prompt may open, live here, with the
-# template, and nowhere else.
+# ChatML, as every Qwen template writes it: the marker the engine needs to find turn boundaries
+# in a rendered prompt lives here, with the template, and nowhere else. Reasoning markers are the
+# family's (engine/conventions.py).
 TURN_START = "<|im_start|>"
-THINK_OPEN = "<think>"
-THINK_CLOSE = "</think>"
 
 
 @dataclass
@@ -409,9 +407,10 @@ class ChatPrompt:
     opens_reasoning: bool = False
 
 
-def opens_reasoning(rendered: str) -> bool:
-    """Whether a rendered generation prompt leaves a reasoning block open for the reply."""
-    return rendered.rstrip().endswith(THINK_OPEN)
+def opens_reasoning(rendered: str, think_open: str | None) -> bool:
+    """Whether a rendered generation prompt leaves a reasoning block (opened by `think_open`, the
+    family's marker; None: the family does not reason) open for the reply."""
+    return think_open is not None and rendered.rstrip().endswith(think_open)
 
 
 def through_role_header(text: str, offset: int) -> int:

@@ -13,15 +13,18 @@ Three layers:
   :func:`tool_call_grammar`; :func:`compile_grammar` validates it against the vocabulary (a
   construct llguidance cannot do is a :class:`GrammarError` naming it) and caches the result per
   grammar text, so a warm process compiles a tool list once.
-- :class:`Constraint` runs one generation: it waits until reasoning is over (``</think>``) and, for
-  ``tool_choice: auto``, until the model opens ``<tool_call>`` itself; from then on it masks the
+- :class:`Constraint` runs one generation: it waits until reasoning is over (the family's close
+  marker, ``</think>``) and, for ``tool_choice: auto``, until the model opens the tool-call marker
+  (``<tool_call>``) itself; from then on it masks the
   logits with the tokens the grammar allows and consumes each sampled token. The next mask is
   computed on a worker thread while the forward of the sampled token runs (llguidance drops the GIL).
 
-The tool-call grammar writes Qwen3.5's XML syntax exactly as its chat template teaches it and as
-``function/tool_calls.py`` parses it back: a parameter whose schema is a string is written verbatim,
-every other parameter as JSON constrained by its schema (:func:`schema_types` is shared with the
-parser so both sides agree on which is which).
+The tool-call grammar writes the family's syntax (engine/conventions.py) exactly as its chat
+template teaches it and as ``function/tool_calls.py`` parses it back. In the XML syntax (Qwen3.5) a
+parameter whose schema is a string is written verbatim, every other parameter as JSON constrained by
+its schema (:func:`schema_types` is shared with the parser so both sides agree on which is which);
+in the JSON syntax (Hermes: Qwen2.5, Qwen3) the arguments are one JSON object constrained by the
+tool's parameters schema.
 """
 from __future__ import annotations
 
@@ -36,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.chat_template import THINK_CLOSE
+from engine.conventions import ChatConventions
 from engine.json_numbers import finite_schema
 from engine.termination import unfinishable_lark, unfinishable_schema
 from engine.tokenizer import BYTE_TO_UNICODE, Tokenizer, TokenType
@@ -54,10 +57,6 @@ __all__ = [
     "schema_types",
     "tool_call_grammar",
 ]
-
-# Qwen3.5's markers (USER_DEFINED tokens in its vocabulary, special in llguidance's trie)
-TOOL_CALL_OPEN = "<tool_call>"
-TOOL_CALL_CLOSE = "</tool_call>"
 
 # JSON as the model writes it in a reply: Python's json.dumps separators, no free whitespace (a
 # flexible-whitespace grammar lets a weak model emit newlines forever inside an object).
@@ -350,12 +349,12 @@ def _without_string(schema: dict[str, Any]) -> dict[str, Any]:
     return s
 
 
-def tool_call_grammar(tools: Sequence[Mapping[str, Any]], *, parallel: bool = True, trigger: bool = False,
-                      field_name: str = "tools") -> GrammarSpec:
-    """Qwen3.5 XML tool calls to any of ``tools`` (OpenAI tool objects), one or (``parallel``)
-    several separated by a newline, each parameter constrained by its schema: required ones in
-    declaration order, optional ones where they are declared, nothing else. ``trigger``: for
-    ``tool_choice: auto`` -- free text until the model opens ``<tool_call>``."""
+def tool_call_grammar(tools: Sequence[Mapping[str, Any]], conventions: ChatConventions, *, parallel: bool = True,
+                      trigger: bool = False, field_name: str = "tools") -> GrammarSpec:
+    """Tool calls to any of ``tools`` (OpenAI tool objects) in the family's syntax
+    (``conventions.tool_syntax``), one or (``parallel``) several separated by a newline, the
+    arguments constrained by each tool's parameters schema. ``trigger``: for ``tool_choice: auto``
+    -- free text until the model opens the call marker (``<tool_call>``)."""
     if not tools:
         raise GrammarError(field_name, "no tools to call")
     rules: list[str] = []
@@ -364,52 +363,75 @@ def tool_call_grammar(tools: Sequence[Mapping[str, Any]], *, parallel: bool = Tr
         fn = t.get("function") if isinstance(t, Mapping) else None
         if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
             raise GrammarError(f"{field_name}[{i}]", "a tool needs function.name")
-        name = fn["name"]
-        if any(c in name for c in "<>\n"):
-            raise GrammarError(f"{field_name}[{i}].function.name", f"{name!r} cannot be written in the XML syntax")
         raw_params = fn.get("parameters")
         params: Mapping[str, Any] = raw_params if isinstance(raw_params, Mapping) else {}
-        raw_props = params.get("properties")
-        props: Mapping[str, Any] = raw_props if isinstance(raw_props, Mapping) else {}
-        required = set(params.get("required") or [])
-        pieces = []
-        for j, (pname, prop) in enumerate(props.items()):
-            where = f"{field_name}[{i}].function.parameters.properties.{pname}"
-            if any(c in pname for c in "<>\n"):
-                raise GrammarError(where, f"parameter name {pname!r} cannot be written in the XML syntax")
-            rule = f"f{i}_p{j}"
-            head = _lark_str(f"<parameter={pname}>\n")
-            tail = _lark_str("\n</parameter>\n")
-            ps = _param_schema(params, prop)
-            types = schema_types(ps)
-            if not types or ("string" in types and set(types) <= {"string", "null"}):
-                # verbatim text, then the closing tag, as one lazy lexeme: it ends at the first
-                # closing tag (a greedy one would run on past it). With a null alternative the
-                # text "null" reads back as None, which the schema allows too.
-                value = f"F{i}_P{j}"
-                constraint = _raw_string_value(ps, where) if types else _NO_CLOSING_TAG
-                rules.append(f"{value}: ({constraint}) {tail}")
-                rules.append(f"{rule}_v[lazy]: {value}")
-                rules.append(f"{rule}: {head} {rule}_v")
-            elif ("enum" in ps or "const" in ps) and "string" in types:
-                # a mixed enum: each value as the template writes it (strings verbatim, others as
-                # JSON), kept only if the parser reads it back as that same value
-                value = f"F{i}_P{j}"
-                rules.append(f"{value}: ({_enum_value(ps, types, where)}) {tail}")
-                rules.append(f"{rule}_v[lazy]: {value}")
-                rules.append(f"{rule}: {head} {rule}_v")
-            else:
-                js = _without_string(ps) if "string" in types else ps
-                _must_finish(unfinishable_schema(js), where)
-                rules.append(f"{rule}: {head} %json {_json_text(js)} {tail}")
-            pieces.append(rule if pname in required else f"{rule}?")
-        body = " ".join(pieces)
-        rules.append(f"f{i}: {_lark_str(f'<function={name}>' + chr(10))} {body} {_lark_str('</function>' + chr(10))}")
+        if conventions.tool_syntax == "json":
+            rules += _json_call_rules(i, fn["name"], params, f"{field_name}[{i}]")
+        else:
+            rules += _xml_call_rules(i, fn["name"], params, f"{field_name}[{i}]")
         alts.append(f"f{i}")
-    call = f"call: <tool_call> \"\\n\" ({' | '.join(alts)}) </tool_call>"
+    # the markers are tokens of the vocabulary (special in llguidance's trie): <name> names one
+    call = f"call: {conventions.tool_call_open} \"\\n\" ({' | '.join(alts)}) {conventions.tool_call_close}"
     calls = 'call ("\\n" call)*' if parallel else "call"
     lark = "\n".join([f"start: {calls}", call, *rules]) + "\n"
-    return GrammarSpec(_from_lark(lark), field_name, "tool_call", TOOL_CALL_OPEN if trigger else None)
+    return GrammarSpec(_from_lark(lark), field_name, "tool_call", conventions.tool_call_open if trigger else None)
+
+
+def _json_call_rules(i: int, name: str, params: Mapping[str, Any], where: str) -> list[str]:
+    """Hermes: ``{"name": "NAME", "arguments": {...}}`` then a newline, the arguments one JSON
+    object of the parameters schema (no undeclared key unless the schema allows them)."""
+    schema = dict(params)
+    schema.setdefault("type", "object")
+    if isinstance(schema.get("properties"), Mapping):
+        schema.setdefault("additionalProperties", False)
+    _must_finish(unfinishable_schema(schema), f"{where}.function.parameters")
+    head = _lark_str('{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments": ')
+    return [f"f{i}: {head} %json {_json_text(schema)} " + _lark_str("}\n")]
+
+
+def _xml_call_rules(i: int, name: str, params: Mapping[str, Any], where0: str) -> list[str]:
+    """Qwen3.5's XML call: each parameter constrained by its schema, required ones in declaration
+    order, optional ones where they are declared, nothing else."""
+    if any(c in name for c in "<>\n"):
+        raise GrammarError(f"{where0}.function.name", f"{name!r} cannot be written in the XML syntax")
+    raw_props = params.get("properties")
+    props: Mapping[str, Any] = raw_props if isinstance(raw_props, Mapping) else {}
+    required = set(params.get("required") or [])
+    rules: list[str] = []
+    pieces = []
+    for j, (pname, prop) in enumerate(props.items()):
+        where = f"{where0}.function.parameters.properties.{pname}"
+        if any(c in pname for c in "<>\n"):
+            raise GrammarError(where, f"parameter name {pname!r} cannot be written in the XML syntax")
+        rule = f"f{i}_p{j}"
+        head = _lark_str(f"<parameter={pname}>\n")
+        tail = _lark_str("\n</parameter>\n")
+        ps = _param_schema(params, prop)
+        types = schema_types(ps)
+        if not types or ("string" in types and set(types) <= {"string", "null"}):
+            # verbatim text, then the closing tag, as one lazy lexeme: it ends at the first
+            # closing tag (a greedy one would run on past it). With a null alternative the
+            # text "null" reads back as None, which the schema allows too.
+            value = f"F{i}_P{j}"
+            constraint = _raw_string_value(ps, where) if types else _NO_CLOSING_TAG
+            rules.append(f"{value}: ({constraint}) {tail}")
+            rules.append(f"{rule}_v[lazy]: {value}")
+            rules.append(f"{rule}: {head} {rule}_v")
+        elif ("enum" in ps or "const" in ps) and "string" in types:
+            # a mixed enum: each value as the template writes it (strings verbatim, others as
+            # JSON), kept only if the parser reads it back as that same value
+            value = f"F{i}_P{j}"
+            rules.append(f"{value}: ({_enum_value(ps, types, where)}) {tail}")
+            rules.append(f"{rule}_v[lazy]: {value}")
+            rules.append(f"{rule}: {head} {rule}_v")
+        else:
+            js = _without_string(ps) if "string" in types else ps
+            _must_finish(unfinishable_schema(js), where)
+            rules.append(f"{rule}: {head} %json {_json_text(js)} {tail}")
+        pieces.append(rule if pname in required else f"{rule}?")
+    body = " ".join(pieces)
+    rules.append(f"f{i}: {_lark_str(f'<function={name}>' + chr(10))} {body} {_lark_str('</function>' + chr(10))}")
+    return rules
 
 
 # ----------------------------------------------------------------------------- compile + cache
@@ -477,14 +499,15 @@ _MASK_POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="warmllm-mask"
 class Constraint:
     """The grammar state of one generation.
 
-    ``reasoning_open``: the prompt left a ``<think>`` block open, so nothing is masked until the
-    model writes ``</think>``. Call :meth:`mask` on each step's logits before sampling and
+    ``reasoning_open``: the prompt left a reasoning block open, so nothing is masked until the
+    model writes ``think_close`` (the family's marker, ``</think>``; None: no reasoning). Call :meth:`mask` on each step's logits before sampling and
     :meth:`accept` with the sampled token; :attr:`finished` says the grammar is complete (the
     generation stops there, finish_reason ``stop``)."""
 
     compiled: CompiledGrammar
     tokenizer: Tokenizer
     reasoning_open: bool = False
+    think_close: str | None = None
     mask_ms: float = 0.0
     masked_steps: int = 0
     _matcher: Any = None
@@ -500,7 +523,7 @@ class Constraint:
         self._matcher = self.compiled.matcher.deep_copy()
         n = self.tokenizer.n_vocab
         self._bits = np.full((n + 31) // 32, -1, dtype=np.int32)
-        self._think_close = self.tokenizer.token_id(THINK_CLOSE)
+        self._think_close = self.tokenizer.token_id(self.think_close) if self.think_close else None
         trig = self.compiled.spec.trigger
         self._trigger = self.tokenizer.token_id(trig) if trig else None
         if trig and self._trigger is None:

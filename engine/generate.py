@@ -13,15 +13,16 @@ from pathlib import Path
 import numpy as np
 
 from engine import threads as threads_mod
-from engine.chat_template import (THINK_CLOSE, ChatPrompt, ChatTemplate, TemplateError, boundary_offsets,
+from engine.chat_template import (ChatPrompt, ChatTemplate, TemplateError, boundary_offsets,
                                    normalise_messages, opens_reasoning)
 from engine.constraints import Constraint, GrammarSpec, compile_grammar
+from engine.conventions import ChatConventions
 from engine.decoding import TokenLogprob, TokenPicker
 from engine.errors import ContextOverflow, ModelLoadError, PrefillDeadline
 from engine.gguf_file import GGUFFile
 from engine.history import FieldEscape, Piece, split_history_reasoning
 from engine.jsonlog import LogFn, log_event
-from engine.models import LanguageModel, load_model
+from engine.models import LanguageModel, load_conventions, load_model
 from engine.sampling import Sampler, SamplingParams
 from engine.session import PrefillResult, Session
 from engine.settings import Settings
@@ -93,11 +94,17 @@ class Engine:
     def __init__(self, path: str, model: LanguageModel, tokenizer: Tokenizer, template: ChatTemplate | None,
                  thread_config: threads_mod.ThreadConfig, n_ctx: int, load_ms: float, *,
                  snapshot_store: SnapshotStore | None = None, settings: Settings | None = None,
-                 log: LogFn = log_event) -> None:
+                 log: LogFn = log_event, conventions: ChatConventions | None = None) -> None:
         self.path = path
         self.model = model
         self.tokenizer = tokenizer
         self.chat_template = template
+        # how this family marks reasoning and tool calls (engine/conventions.py); a template that
+        # never closes a reasoning block has none
+        conv = conventions if conventions is not None else load_conventions(model.file)
+        if conv.think_close is not None and (template is None or conv.think_close not in template.source):
+            conv = conv.without_reasoning()
+        self.conventions = conv
         self.chat_template_error: str | None = None    # why the model's template did not compile
         self.field_escape = FieldEscape(tokenizer.marker_texts)  # chat fields stay text (engine/history.py)
         self.thread_config = thread_config
@@ -192,9 +199,7 @@ class Engine:
         """The template's output over the escaped fields (engine/history.py), with the escaped
         messages and tools it rendered."""
         template = self._template()
-        msgs = normalise_messages(messages)
-        if THINK_CLOSE in template.source:
-            msgs = split_history_reasoning(msgs)
+        msgs = split_history_reasoning(normalise_messages(messages), self.conventions)
         msgs = self.field_escape.tree(msgs)
         escaped_tools = self.field_escape.tree(list(tools)) if tools is not None else None
         rendered = template.render(msgs, tools=escaped_tools, add_generation_prompt=add_generation_prompt,
@@ -225,7 +230,7 @@ class Engine:
         ids, spliced = self._encode_reusing(pieces)
         return ChatPrompt("".join(p.text for p in pieces), ids,
                           self._offsets_to_positions(ids, [to_text(o) for o in offsets]), spliced,
-                          opens_reasoning=add_generation_prompt and opens_reasoning(rendered))
+                          opens_reasoning=add_generation_prompt and opens_reasoning(rendered, self.conventions.think_open))
 
     def _offsets_to_positions(self, ids: list[int], offsets: list[int]) -> list[int]:
         """Token positions whose decoded text ends exactly at one of the character offsets
@@ -339,7 +344,8 @@ class Engine:
             timings["grammar_ms"] = (time.perf_counter() - tg) * 1e3
             tokenize_ms += timings["grammar_ms"]  # preparing the request: the log's stages still sum
             opens = isinstance(prompt, ChatPrompt) and prompt.opens_reasoning
-            constraint = Constraint(compiled, self.tokenizer, reasoning_open=opens)
+            constraint = Constraint(compiled, self.tokenizer, reasoning_open=opens,
+                                    think_close=self.conventions.think_close)
         pick = TokenPicker(Sampler(sampling or SamplingParams()), constraint, logprobs)
         stops = [s for s in stop if s]
 

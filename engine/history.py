@@ -7,9 +7,9 @@ reasoning, in a tool call's name or arguments, in a tool result or a tool defini
 
 How (one path for the handler and the CLI: ``Engine.chat_prompt``):
 
-1. ``split_history_reasoning``: an assistant message whose content holds ``</think>`` is split into
-   ``reasoning_content`` and ``content`` here, the way Qwen's templates split it, because the
-   template cannot see the marker once step 2 has escaped it.
+1. ``split_history_reasoning``: an assistant message whose content holds the family's reasoning
+   close marker (``</think>``) is split into ``reasoning_content`` and ``content`` here, the way
+   Qwen's templates split it, because the template cannot see the marker once step 2 has escaped it.
 2. ``FieldEscape.tree``: every string of the messages and tools (dictionary keys too) is escaped.
    Each character that begins or ends a marker text (``<`` and ``>`` in Qwen's vocabulary) and
    the escape character itself become a two-character code from Unicode's noncharacters
@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.chat_template import THINK_CLOSE, THINK_OPEN
+from engine.conventions import ChatConventions
 
 __all__ = ["FieldEscape", "Piece", "split_history_reasoning"]
 
@@ -130,18 +130,23 @@ class OffsetMap:
         return offset - bisect.bisect_left(self.codes, offset)
 
 
-def split_history_reasoning(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Assistant messages whose content holds ``</think>`` and that have no ``reasoning_content``,
-    split the way Qwen's templates split them: the reasoning is what precedes the first
-    ``</think>`` (after any ``<think>``, newlines trimmed), the content what follows the last."""
+def split_history_reasoning(messages: Sequence[dict[str, Any]], conventions: ChatConventions
+                            ) -> list[dict[str, Any]]:
+    """Assistant messages whose content holds the close marker (``</think>``) and that have no
+    ``reasoning_content``, split the way Qwen's templates split them: the reasoning is what
+    precedes the first close marker (after any open marker, newlines trimmed), the content what
+    follows the last. Unchanged for a family that does not reason."""
+    close, open_ = conventions.think_close, conventions.think_open
+    if close is None or open_ is None:
+        return list(messages)
     out = []
     for m in messages:
         content = m.get("content")
-        if (m.get("role") == "assistant" and isinstance(content, str) and THINK_CLOSE in content
+        if (m.get("role") == "assistant" and isinstance(content, str) and close in content
                 and not isinstance(m.get("reasoning_content"), str)):
             m = dict(m)
-            parts = content.split(THINK_CLOSE)
-            m["reasoning_content"] = parts[0].rstrip("\n").split(THINK_OPEN)[-1].lstrip("\n")
+            parts = content.split(close)
+            m["reasoning_content"] = parts[0].rstrip("\n").split(open_)[-1].lstrip("\n")
             m["content"] = parts[-1].lstrip("\n")
         out.append(m)
     return out

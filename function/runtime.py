@@ -452,7 +452,7 @@ class Runtime:
                 raise bad_request(f"'logit_bias' names token {tid}; the vocabulary has {eng.tokenizer.n_vocab}",
                                   f"logit_bias.{tid}")
         try:
-            grammar = grammar_for(greq)
+            grammar = grammar_for(greq, eng.conventions)
         except GrammarError as exc:
             raise bad_request(f"'{exc.field}' cannot be enforced: {exc.reason}", exc.field,
                               "unsupported_schema") from None
@@ -532,7 +532,8 @@ class _Reply:
     def _stream(self, out: sse_mod.Sink) -> sse_mod.ChatStream | sse_mod.CompletionStream:
         g = self.greq
         if self.chat:
-            return sse_mod.ChatStream(out, self.rid, self.created, self.eng.model_id, opens_think=self.opens_reasoning,
+            return sse_mod.ChatStream(out, self.rid, self.created, self.eng.model_id, conventions=self.eng.conventions,
+                                      opens_think=self.opens_reasoning,
                                       tools=g.tools if g.parse_tool_calls else None, include_usage=g.include_usage)
         return sse_mod.CompletionStream(out, self.rid, self.created, self.eng.model_id, include_usage=g.include_usage)
 
@@ -571,7 +572,7 @@ class _Reply:
             # a reply the template began inside <think> is reasoning until it closes it, also when
             # max_tokens or the deadline cut it first
             parsed = parse_output(result.text, tools=g.tools if g.parse_tool_calls else None,
-                                  prompt_opens_think=self.opens_reasoning)
+                                  conventions=self.eng.conventions, prompt_opens_think=self.opens_reasoning)
             finish = "tool_calls" if parsed.tool_calls else result.finish_reason
             log.set(finish_reason=finish)
             msg = oa.chat_message(parsed.content, parsed.reasoning, parsed.tool_calls)

@@ -10,7 +10,8 @@ of text it can release (engine/generate.py holds back what could still begin a s
 * ``collect_sse`` builds the same chunks into one body for integrations that buffer (HTTP API).
 
 Chat chunks, in order (the shape OpenAI's API streams): a first ``{"role": "assistant",
-"content": ""}`` delta; ``reasoning_content`` deltas while the model is inside ``<think>``;
+"content": ""}`` delta; ``reasoning_content`` deltas while the model is inside its reasoning block
+(``<think>``; the markers and the tool-call syntax are the family's, engine/conventions.py);
 ``content`` deltas; ``tool_calls`` deltas (``index``, ``id``, ``type``, ``function.name`` first,
 then ``function.arguments``) once a ``<tool_call>`` block has closed and parsed; a chunk with the
 ``finish_reason`` and an empty delta; with ``stream_options.include_usage`` every chunk carries
@@ -31,13 +32,13 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
+from engine.conventions import ChatConventions
+
 from .tool_calls import parse_output
 
 SSE_CONTENT_TYPE = "text/event-stream; charset=utf-8"
 KEEPALIVE = b": keep-alive\n\n"
 DEFAULT_KEEPALIVE_S = 5.0
-_TAGS_THINK = ("<think>", "</think>")
-_TAG_TOOL = "<tool_call>"
 
 
 class StreamClosed(Exception):
@@ -156,9 +157,10 @@ class ChatStream:
     """Chat completion chunks from text pieces (see the module doc for the order and shapes)."""
 
     def __init__(self, out: Sink, rid: str, created: int, model: str, *, tools: list[dict] | None,
-                 opens_think: bool, include_usage: bool) -> None:
+                 conventions: ChatConventions, opens_think: bool, include_usage: bool) -> None:
         self.out, self.rid, self.created, self.model = out, rid, created, model
-        self.tools, self.opens_think, self.include_usage = tools, opens_think, include_usage
+        self.tools, self.conventions, self.include_usage = tools, conventions, include_usage
+        self.opens_think = opens_think and conventions.reasons
         self.text = ""
         self.sent_reasoning = ""
         self.sent_content = ""
@@ -181,31 +183,35 @@ class ChatStream:
     def _split(self, text: str) -> tuple[str, str, bool]:
         """(reasoning so far, content so far, still inside reasoning) for an unfinished text, with
         only what can no longer change: partial tags and whitespace that may be stripped held."""
+        open_, close = self.conventions.think_open, self.conventions.think_close
+        if open_ is None or close is None:
+            return "", text, False
         in_think = self.opens_think
         body = text
-        if "<think>" in body:
-            before, _, body = body.partition("<think>")
+        if open_ in body:
+            before, _, body = body.partition(open_)
             if before.strip():         # text before a <think>: leave the split to the final parse
                 return "", "", False
             in_think = True
-        elif not in_think and _partial_tag_len(body.lstrip(), ("<think>",)) == len(body.lstrip()) and body.strip():
+        elif not in_think and _partial_tag_len(body.lstrip(), (open_,)) == len(body.lstrip()) and body.strip():
             return "", "", False       # may still become "<think>"
         if in_think:
-            reasoning, closed, rest = body.partition("</think>")
+            reasoning, closed, rest = body.partition(close)
             if not closed:
                 r = reasoning.lstrip()
-                r = r[:len(r) - _partial_tag_len(r, ("</think>",))]
+                r = r[:len(r) - _partial_tag_len(r, (close,))]
                 return r.rstrip(), "", True
             return reasoning.strip(), rest.lstrip(), False
         return "", body, False
 
     def _safe_content(self, content: str, stripped: bool) -> str:
         if self.tools:
-            cut = content.find(_TAG_TOOL)
+            tag = self.conventions.tool_call_open
+            cut = content.find(tag)
             if cut >= 0:
                 content = content[:cut]
             else:
-                content = content[:len(content) - _partial_tag_len(content, (_TAG_TOOL,))]
+                content = content[:len(content) - _partial_tag_len(content, (tag,))]
         if stripped or self.tools:
             content = content.rstrip()     # trailing whitespace is stripped if the answer ends here
         return content
@@ -219,7 +225,8 @@ class ChatStream:
             self.sent_reasoning = reasoning
         if thinking:
             return
-        stripped = self.opens_think or "<think>" in self.text
+        stripped = self.opens_think or (self.conventions.think_open is not None
+                                        and self.conventions.think_open in self.text)
         safe = self._safe_content(content, stripped)
         if safe.startswith(self.sent_content) and len(safe) > len(self.sent_content):
             self.out.send(self._chunk({"content": safe[len(self.sent_content):]}))
@@ -230,7 +237,8 @@ class ChatStream:
         """The closing chunks, reconciled with the parsed answer; returns the finish reason sent."""
         self.open()
         full = self.text if text is None else text
-        parsed = parse_output(full, tools=self.tools, prompt_opens_think=self.opens_think)
+        parsed = parse_output(full, tools=self.tools, conventions=self.conventions,
+                              prompt_opens_think=self.opens_think)
         reasoning = parsed.reasoning or ""
         if reasoning.startswith(self.sent_reasoning) and len(reasoning) > len(self.sent_reasoning):
             self.out.send(self._chunk({"reasoning_content": reasoning[len(self.sent_reasoning):]}))

@@ -3,8 +3,8 @@
 ``grammar_for`` picks the one grammar a chat or completion request needs (engine/constraints.py
 builds it): a forced tool call (``tool_choice`` ``required`` or a named function) wins; else
 ``response_format`` / ``grammar`` / ``regex`` / ``structured_outputs``; else, with tools offered
-and ``tool_choice`` ``auto`` (the default), a tool-call grammar that starts only when the model
-opens ``<tool_call>``. ``logprob_entries`` turns the engine's token ids into OpenAI's texts and
+and ``tool_choice`` ``auto`` (the default), a tool-call grammar in the model family's syntax
+(engine/conventions.py) that starts only when the model opens ``<tool_call>``. ``logprob_entries`` turns the engine's token ids into OpenAI's texts and
 bytes.
 """
 from __future__ import annotations
@@ -15,16 +15,17 @@ from . import openai_schema as oa
 
 if TYPE_CHECKING:
     from engine.constraints import GrammarSpec
+    from engine.conventions import ChatConventions
 
 
-def grammar_for(greq: oa.GenRequest) -> GrammarSpec | None:
+def grammar_for(greq: oa.GenRequest, conventions: ChatConventions) -> GrammarSpec | None:
     """The grammar this request asks for, or None. GrammarError (a ValueError naming the field)
     for a constraint that cannot be built."""
     from engine import constraints as C
 
     tc = greq.tool_choice
     if greq.tools and (tc == "required" or isinstance(tc, dict)):
-        return C.tool_call_grammar(greq.tools, parallel=greq.parallel_tool_calls, field_name="tools")
+        return C.tool_call_grammar(greq.tools, conventions, parallel=greq.parallel_tool_calls, field_name="tools")
     s = greq.structured
     if s is not None:
         if s.kind in ("json_schema", "json_object"):
@@ -41,7 +42,7 @@ def grammar_for(greq: oa.GenRequest) -> GrammarSpec | None:
             return C.choice_grammar(s.value, s.param)
         raise ValueError(f"unknown constraint kind {s.kind!r}")
     if greq.tools and tc in (None, "auto"):
-        return C.tool_call_grammar(greq.tools, parallel=greq.parallel_tool_calls, trigger=True, field_name="tools")
+        return C.tool_call_grammar(greq.tools, conventions, parallel=greq.parallel_tool_calls, trigger=True, field_name="tools")
     return None
 
 

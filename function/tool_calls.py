@@ -1,6 +1,9 @@
-"""Qwen3.5 output → OpenAI message parts: ``<think>`` reasoning and XML tool calls.
+"""Model output → OpenAI message parts: reasoning and tool calls, in the family's conventions
+(engine/conventions.py).
 
-Qwen3.5 writes a tool call as::
+A tool call sits in a ``<tool_call>`` … ``</tool_call>`` block, in one of two syntaxes:
+
+- XML (Qwen3.5)::
 
     <tool_call>
     <function=NAME>
@@ -10,12 +13,16 @@ Qwen3.5 writes a tool call as::
     </function>
     </tool_call>
 
+  each value typed by the tool's JSON Schema (``integer``, ``number``, ``boolean``, ``object``,
+  ``array``, ``null``; ``string`` stays verbatim);
+- JSON (Hermes: Qwen2.5, Qwen3): ``{"name": "NAME", "arguments": {...}}``, the arguments an object
+  (or a string holding one).
+
 Each well-formed block naming a declared tool becomes an OpenAI ``tool_call`` whose
-``arguments`` is a JSON string, each value typed by the tool's JSON Schema (``integer``,
-``number``, ``boolean``, ``object``, ``array``, ``null``; ``string`` stays verbatim). A block
-that is malformed, unclosed (generation cut) or names an undeclared function stays in the
-text, untouched. Reasoning is whatever sits in ``<think>…</think>``; when the chat template
-already opened ``<think>`` in the prompt, the text up to ``</think>`` is reasoning.
+``arguments`` is a JSON string. A block that is malformed, unclosed (generation cut) or names an
+undeclared function stays in the text, untouched. Reasoning is whatever sits in the family's
+reasoning block (``<think>…</think>``); when the chat template already opened it in the prompt,
+the text up to the close marker is reasoning. A family without reasoning has none.
 """
 from __future__ import annotations
 
@@ -25,9 +32,9 @@ import uuid
 from dataclasses import dataclass
 
 from engine.constraints import schema_types
+from engine.conventions import ChatConventions
 from engine.json_numbers import loads_finite
 
-_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
 _FUNC = re.compile(r"\s*<function=([^>\n]+)>(.*?)</function>\s*", re.S)
 _PARAM = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.S)
 
@@ -39,16 +46,20 @@ class ParsedOutput:
     tool_calls: list[dict]
 
 
-def split_reasoning(text: str, prompt_opens_think: bool = False) -> tuple[str | None, str]:
+def split_reasoning(text: str, conventions: ChatConventions, prompt_opens_think: bool = False
+                    ) -> tuple[str | None, str]:
     """(reasoning or None, the rest)."""
-    if "<think>" in text:
-        before, _, after = text.partition("<think>")
-        reasoning, closed, rest = after.partition("</think>")
+    open_, close = conventions.think_open, conventions.think_close
+    if open_ is None or close is None:
+        return None, text
+    if open_ in text:
+        before, _, after = text.partition(open_)
+        reasoning, closed, rest = after.partition(close)
         if not closed:
             return reasoning.strip() or None, before.strip()
         return reasoning.strip() or None, (before + rest).strip()
-    if "</think>" in text:
-        reasoning, _, rest = text.partition("</think>")
+    if close in text:
+        reasoning, _, rest = text.partition(close)
         return reasoning.strip() or None, rest.strip()
     if prompt_opens_think:
         return text.strip() or None, ""
@@ -100,7 +111,32 @@ def _tool_schemas(tools: list[dict] | None) -> dict[str, dict]:
     return out
 
 
-def _parse_block(inner: str, schemas: dict[str, dict]) -> dict | None:
+def _call(name: str, args: dict) -> dict:
+    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+            "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False, allow_nan=False)}}
+
+
+def _parse_json_block(inner: str, schemas: dict[str, dict]) -> dict | None:
+    """A Hermes block: one JSON object naming a declared tool, its arguments an object (or a string
+    holding one, as some fine-tunes write them)."""
+    try:
+        obj = loads_finite(inner.strip())
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(obj, dict) or set(obj) - {"name", "arguments"} or obj.get("name") not in schemas:
+        return None
+    args = obj.get("arguments", {})
+    if isinstance(args, str):
+        try:
+            args = loads_finite(args)
+        except (ValueError, RecursionError):
+            return None
+    if not isinstance(args, dict):
+        return None
+    return _call(obj["name"], args)
+
+
+def _parse_xml_block(inner: str, schemas: dict[str, dict]) -> dict | None:
     m = _FUNC.fullmatch(inner)
     if not m:
         return None
@@ -124,18 +160,19 @@ def _parse_block(inner: str, schemas: dict[str, dict]) -> dict | None:
         args[pname] = coerce(value, props.get(pname))
     if body[pos:].strip():
         return None
-    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-            "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False, allow_nan=False)}}
+    return _call(name, args)
 
 
-def parse_tool_calls(text: str, tools: list[dict] | None) -> tuple[str, list[dict]]:
+def parse_tool_calls(text: str, tools: list[dict] | None, conventions: ChatConventions) -> tuple[str, list[dict]]:
     """(text without the parsed blocks, tool_calls). Unparseable blocks stay in the text."""
     schemas = _tool_schemas(tools)
+    parse_block = _parse_json_block if conventions.tool_syntax == "json" else _parse_xml_block
+    block = re.compile(re.escape(conventions.tool_call_open) + "(.*?)" + re.escape(conventions.tool_call_close), re.S)
     calls: list[dict] = []
     kept: list[str] = []
     pos = 0
-    for m in _BLOCK.finditer(text):
-        call = _parse_block(m.group(1), schemas)
+    for m in block.finditer(text):
+        call = parse_block(m.group(1), schemas)
         if call is None:
             continue
         kept.append(text[pos:m.start()])
@@ -147,10 +184,11 @@ def parse_tool_calls(text: str, tools: list[dict] | None) -> tuple[str, list[dic
     return "".join(kept).strip(), calls
 
 
-def parse_output(text: str, *, tools: list[dict] | None, prompt_opens_think: bool = False) -> ParsedOutput:
-    reasoning, rest = split_reasoning(text, prompt_opens_think)
+def parse_output(text: str, *, tools: list[dict] | None, conventions: ChatConventions,
+                 prompt_opens_think: bool = False) -> ParsedOutput:
+    reasoning, rest = split_reasoning(text, conventions, prompt_opens_think)
     if tools:
-        rest, calls = parse_tool_calls(rest, tools)
+        rest, calls = parse_tool_calls(rest, tools, conventions)
     else:
         calls = []
     return ParsedOutput(content=rest, reasoning=reasoning, tool_calls=calls)

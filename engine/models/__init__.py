@@ -11,13 +11,15 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from engine.conventions import ChatConventions
 from engine.errors import ModelLoadError
 from engine.gguf_file import GGUFFile
 from engine.state import State
 
 from . import qwen35
 
-__all__ = ["ARCHITECTURES", "Architecture", "LanguageModel", "ModelConfig", "load_config", "load_model"]
+__all__ = ["ARCHITECTURES", "Architecture", "LanguageModel", "ModelConfig", "load_config", "load_conventions",
+           "load_model"]
 
 Hook = Callable[[str, int, np.ndarray], None]
 
@@ -59,16 +61,18 @@ class LanguageModel(Protocol):
 
 @dataclass(frozen=True)
 class Architecture:
-    """One registered family: its model class and its config reader (no weights loaded)."""
+    """One registered family: its model class, its config reader (no weights loaded) and its
+    chat conventions (reasoning markers, tool-call syntax: engine/conventions.py)."""
 
     name: str
     model: Callable[[GGUFFile], LanguageModel]
     config: Callable[[GGUFFile], Any]
+    conventions: Callable[[GGUFFile], ChatConventions]
 
 
 ARCHITECTURES: dict[str, Architecture] = {
     a.name: a for a in (
-        Architecture(qwen35.ARCH, qwen35.Qwen35, qwen35.Qwen35Config.from_gguf),
+        Architecture(qwen35.ARCH, qwen35.Qwen35, qwen35.Qwen35Config.from_gguf, qwen35.conventions),
     )
 }
 
@@ -89,3 +93,8 @@ def load_model(f: GGUFFile) -> LanguageModel:
 def load_config(f: GGUFFile) -> Any:
     """The file's hyperparameters as its family reads them, without loading a weight."""
     return _architecture(f).config(f)
+
+
+def load_conventions(f: GGUFFile) -> ChatConventions:
+    """How the file's family marks reasoning and tool calls in a reply."""
+    return _architecture(f).conventions(f)

@@ -16,6 +16,7 @@ from typing import cast
 import numpy as np
 
 from engine import attention, deltanet
+from engine.conventions import ChatConventions
 from engine.errors import ModelLoadError
 from engine.gguf_file import GGUFFile
 from engine.ops import rms_norm, sigmoid, silu, silu_mul, softplus
@@ -24,6 +25,14 @@ from engine.weights import Linear, ScratchBuffer, vector
 
 ARCH = "qwen35"
 Hook = Callable[[str, int, np.ndarray], None]
+
+# Reasoning in <think>…</think>; tool calls in the XML syntax its chat template teaches.
+CONVENTIONS = ChatConventions("qwen3.5", "xml")
+
+
+def conventions(f: GGUFFile) -> ChatConventions:
+    """Qwen3.5's chat conventions (the same for every file of the family)."""
+    return CONVENTIONS
 
 
 @dataclass(frozen=True)

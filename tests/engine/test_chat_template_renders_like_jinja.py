@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from engine.chat_template import ChatTemplate, TemplateError, opens_reasoning
+from engine.models.qwen35 import CONVENTIONS as QWEN35
 from engine.synthetic.vocab import build_vocab
 from engine.tokenizer import Tokenizer
 
@@ -270,6 +271,7 @@ def test_the_generation_prompt_says_whether_it_opened_reasoning(tpl):
     """Qwen3.5's generation prompt ends `<think>\\n` with thinking on: the reply begins as
     reasoning (ChatPrompt.opens_reasoning, what the function reads instead of the text)."""
     msgs = [{"role": "user", "content": "Hi"}]
-    assert opens_reasoning(tpl.render(msgs))
-    assert not opens_reasoning(tpl.render(msgs, enable_thinking=False))  # <think>\n\n</think>: closed
-    assert not opens_reasoning(tpl.render(msgs, add_generation_prompt=False))
+    assert opens_reasoning(tpl.render(msgs), QWEN35.think_open)
+    assert not opens_reasoning(tpl.render(msgs, enable_thinking=False), QWEN35.think_open)  # <think>\n\n</think>: closed
+    assert not opens_reasoning(tpl.render(msgs, add_generation_prompt=False), QWEN35.think_open)
+    assert not opens_reasoning(tpl.render(msgs), None)  # a family that does not reason

@@ -13,6 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine import constraints as C
+from engine.conventions import ChatConventions
+from engine.models.qwen35 import CONVENTIONS as QWEN35
 from engine.synthetic.vocab import build_vocab
 from engine.tokenizer import Tokenizer, TokenType
 from function.tool_calls import coerce, parse_output
@@ -27,7 +29,8 @@ def tok() -> Tokenizer:
 def drive(spec: C.GrammarSpec, tok: Tokenizer, seed: int, max_steps: int = 400,
           reasoning_open: bool = False, prefix: list[int] | None = None) -> tuple[str, C.Constraint]:
     """Decode with random logits under the constraint (greedy on noise: an adversarial 'model')."""
-    c = C.Constraint(C.compile_grammar(spec, tok), tok, reasoning_open=reasoning_open)
+    c = C.Constraint(C.compile_grammar(spec, tok), tok, reasoning_open=reasoning_open,
+                     think_close=QWEN35.think_close)
     rng = np.random.default_rng(seed)
     out: list[int] = []
     forced = list(prefix or [])
@@ -106,13 +109,19 @@ TOOLS = st.lists(
     min_size=1, max_size=3).map(lambda ps: [_tool(f"fn_{i}", p) for i, p in enumerate(ps)])
 
 
+# Hermes JSON calls (Qwen2.5 / Qwen3), no reasoning: the other syntax the parser and grammar know
+HERMES = ChatConventions("test-hermes", "json", think_open=None, think_close=None)
+
+
 @FAST
-@given(tools=TOOLS, seed=st.integers(0, 2**31), parallel=st.booleans())
-def test_forced_tool_calls_parse_back_with_valid_arguments(tok, tools, seed, parallel):
-    text, _ = drive(C.tool_call_grammar(tools, parallel=parallel), tok, seed, max_steps=600)
-    parsed = parse_output(text, tools=tools)
+@given(tools=TOOLS, seed=st.integers(0, 2**31), parallel=st.booleans(), conv=st.sampled_from([QWEN35, HERMES]))
+def test_forced_tool_calls_parse_back_with_valid_arguments(tok, tools, seed, parallel, conv):
+    text, _ = drive(C.tool_call_grammar(tools, conv, parallel=parallel), tok, seed, max_steps=600)
+    parsed = parse_output(text, tools=tools, conventions=conv)
     assert parsed.tool_calls, text
     assert parsed.content == ""
+    if conv.tool_syntax == "json":   # the text is the Hermes form, not the other syntax
+        assert text.startswith('<tool_call>\n{"name": "fn_'), text
     if not parallel:
         assert len(parsed.tool_calls) == 1
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
@@ -160,19 +169,19 @@ def test_a_parameter_the_grammar_did_not_write_is_read_strictly():
     assert coerce("2.5", {"type": "number"}) == 2.5 and coerce("3.0", {"type": "integer"}) == 3
     assert isinstance(coerce("3.0", {"type": "integer"}), int)
     text = parse_output('<tool_call>\n<function=f>\n<parameter=x>\n1e999\n</parameter>\n</function>\n</tool_call>',
-                        tools=[_tool("f", {"type": "object", "properties": {"x": {"type": "number"}}})])
+                        tools=[_tool("f", {"type": "object", "properties": {"x": {"type": "number"}}})], conventions=QWEN35)
     assert strict_loads(text.tool_calls[0]["function"]["arguments"]) == {"x": "1e999"}
 
 
 def test_auto_tool_choice_is_free_until_the_model_opens_a_call(tok):
     tools = [_tool("get", {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1,
                                                                   "maximum": 5}}, "required": ["n"]})]
-    spec = C.tool_call_grammar(tools, trigger=True)
+    spec = C.tool_call_grammar(tools, QWEN35, trigger=True)
     free = tok.encode("Sure, let me look.\n\n")
     open_id = tok.token_id("<tool_call>")
     text, c = drive(spec, tok, seed=3, prefix=[*free, open_id])
     assert text.startswith("Sure, let me look.\n\n<tool_call>")
-    calls = parse_output(text, tools=tools).tool_calls
+    calls = parse_output(text, tools=tools, conventions=QWEN35).tool_calls
     assert len(calls) == 1 and 1 <= json.loads(calls[0]["function"]["arguments"])["n"] <= 5
 
 
@@ -210,10 +219,10 @@ def test_a_construct_llguidance_rejects_is_named(tok):
 def test_compiles_are_cached_per_grammar(tok):
     tools = [_tool(f"t{i}", {"type": "object", "properties": {"q": {"type": "string"}, "k": {"type": "integer"}},
                              "required": ["q"]}) for i in range(8)]
-    first = C.compile_grammar(C.tool_call_grammar(tools), tok)
-    again = C.compile_grammar(C.tool_call_grammar(tools), tok)
+    first = C.compile_grammar(C.tool_call_grammar(tools, QWEN35), tok)
+    again = C.compile_grammar(C.tool_call_grammar(tools, QWEN35), tok)
     assert again is first
-    other = C.compile_grammar(C.tool_call_grammar(tools[:3]), tok)
+    other = C.compile_grammar(C.tool_call_grammar(tools[:3], QWEN35), tok)
     assert other is not first
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine import constraints as C
+from engine.models.qwen35 import CONVENTIONS as QWEN35
 from engine.termination import unfinishable_lark, unfinishable_schema
 
 CYCLE_DEFS = {"a": {"type": "object", "properties": {"b": {"$ref": "#/$defs/b"}}, "required": ["b"]},
@@ -75,7 +76,7 @@ def test_every_grammar_warmllm_builds_passes():
         "type": "object", "properties": {"a": {"type": "string"}, "n": {"type": "integer"},
                                          "o": {"type": "object", "properties": {"x": {"type": "number"}}}},
         "required": ["a"]}}}]
-    for spec in (C.tool_call_grammar(tools), C.tool_call_grammar(tools, trigger=True, parallel=False),
+    for spec in (C.tool_call_grammar(tools, QWEN35), C.tool_call_grammar(tools, QWEN35, trigger=True, parallel=False),
                  C.json_schema_grammar({"type": "object"}), C.choice_grammar(["a", "b"])):
         assert spec.grammar
     from llguidance.gbnf_to_lark import any_to_lark

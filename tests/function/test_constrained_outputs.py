@@ -114,9 +114,9 @@ def test_every_forced_tool_call_of_the_model_comes_back_valid(tiny_engine, seed,
     tools = [t for t in TOOLS if named in (None, t["function"]["name"])]
     prompt = tiny_engine.chat_prompt([{"role": "user", "content": "Use a tool"}], tools=tools, **NO_THINK)
     r = tiny_engine.generate(prompt, max_tokens=200, sampling=SamplingParams(temperature=1.0, seed=seed),
-                             grammar=C.tool_call_grammar(tools, parallel=parallel))
+                             grammar=C.tool_call_grammar(tools, tiny_engine.conventions, parallel=parallel))
     assert r.finish_reason == "stop", r.text
-    calls = parse_output(r.text, tools=tools).tool_calls
+    calls = parse_output(r.text, tools=tools, conventions=tiny_engine.conventions).tool_calls
     assert calls and (parallel or len(calls) == 1), r.text
     by_name = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
     for c in calls:

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from engine.models.qwen35 import CONVENTIONS as QWEN35
 from engine.sampling import SamplingParams
 from function import openai_schema as oa
 from function.errors import APIError
@@ -147,7 +148,7 @@ def test_response_shapes():
 def test_sse_body_is_data_lines_ending_done():
     from function.streaming import ChatStream, Collector
     out = Collector()
-    s = ChatStream(out, "id", 1, "m", tools=None, opens_think=False, include_usage=True)
+    s = ChatStream(out, "id", 1, "m", tools=None, conventions=QWEN35, opens_think=False, include_usage=True)
     for piece in ("<think>r</think>", "He", "llo"):
         s.feed(piece)
     s.finish("stop", usage=oa.usage(1, 2))

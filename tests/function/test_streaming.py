@@ -8,6 +8,8 @@ import time
 
 import pytest
 
+from engine.conventions import ChatConventions
+from engine.models.qwen35 import CONVENTIONS as QWEN35
 from function import streaming as sse_mod
 from function.tool_calls import parse_output
 
@@ -28,9 +30,9 @@ class Recorder:
         self.when.append(self.fed)
 
 
-def run_chat(text: str, *, tools=None, opens_think=False, finish="stop", include_usage=False):
+def run_chat(text: str, *, tools=None, opens_think=False, finish="stop", include_usage=False, conventions=QWEN35):
     rec = Recorder()
-    s = sse_mod.ChatStream(rec, "chatcmpl-1", 1, "m", tools=tools, opens_think=opens_think,
+    s = sse_mod.ChatStream(rec, "chatcmpl-1", 1, "m", tools=tools, conventions=conventions, opens_think=opens_think,
                            include_usage=include_usage)
     for ch in text:
         rec.fed += 1
@@ -56,10 +58,22 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("text,tools,opens", CASES)
-def test_chat_deltas_say_what_the_buffered_answer_says(text, tools, opens):
-    rec, finish = run_chat(text, tools=tools, opens_think=opens)
-    parsed = parse_output(text, tools=tools, prompt_opens_think=opens)
+# Hermes JSON calls and no reasoning block (Qwen2.5's conventions): <think> is plain content there
+HERMES = ChatConventions("test-hermes", "json", think_open=None, think_close=None)
+HERMES_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n</tool_call>'
+HERMES_CASES = [
+    ("Checking the weather.\n\n" + HERMES_CALL, TOOLS, False),
+    ("<think>\nnot a marker here\n</think>\n\nThe answer is 4.", None, True),
+    (HERMES_CALL + "\n" + CALL, TOOLS, False),      # the XML call is text under these conventions
+]
+
+
+@pytest.mark.parametrize("text,tools,opens,conv", [(*c, QWEN35) for c in CASES] + [(*c, HERMES) for c in HERMES_CASES])
+def test_chat_deltas_say_what_the_buffered_answer_says(text, tools, opens, conv):
+    rec, finish = run_chat(text, tools=tools, opens_think=opens, conventions=conv)
+    parsed = parse_output(text, tools=tools, conventions=conv, prompt_opens_think=opens)
+    if conv is HERMES:
+        assert parsed.reasoning is None and (tools is None or len(parsed.tool_calls) == 1), parsed
     assert rec.chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     assert rec.chunks[-1] == "[DONE]"
     assert joined(rec, "content") == (parsed.content or "")
@@ -70,7 +84,8 @@ def test_chat_deltas_say_what_the_buffered_answer_says(text, tools, opens):
     for c in rec.chunks[1:-1]:
         d = c["choices"][0]["delta"]
         for tag in ("<think>", "</think>", "<tool_call>"):
-            assert tag not in (d.get("content") or "") or not parsed.tool_calls and tag == "<tool_call>"
+            assert tag not in (d.get("content") or "") or not parsed.tool_calls and tag == "<tool_call>" \
+                or not conv.reasons
     calls = [c["choices"][0]["delta"]["tool_calls"][0] for c in rec.chunks[1:-1] if "tool_calls" in c["choices"][0]["delta"]]
     if parsed.tool_calls:
         assert calls[0]["id"].startswith("call_") and calls[0]["function"] == {"name": "get_weather", "arguments": ""}

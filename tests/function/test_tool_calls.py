@@ -5,6 +5,8 @@ import json
 
 import pytest
 
+from engine.conventions import ChatConventions
+from engine.models.qwen35 import CONVENTIONS as QWEN35
 from function.tool_calls import coerce, parse_output, parse_tool_calls, split_reasoning
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
@@ -22,7 +24,7 @@ def call(name, **params):
 def test_one_call_typed_by_schema():
     text = "Let me check.\n" + call("get_weather", city="Paris", days="3", metric="true", lat="48.85",
                                     tags='["a", "b"]', opts='{"x": 1}', maybe="null")
-    content, calls = parse_tool_calls(text, TOOLS)
+    content, calls = parse_tool_calls(text, TOOLS, QWEN35)
     assert content == "Let me check."
     assert len(calls) == 1 and calls[0]["type"] == "function" and calls[0]["id"].startswith("call_")
     assert calls[0]["function"]["name"] == "get_weather"
@@ -33,15 +35,15 @@ def test_one_call_typed_by_schema():
 
 
 def test_string_values_stay_verbatim_even_if_they_look_like_json():
-    _, calls = parse_tool_calls(call("get_weather", city="123"), TOOLS)
+    _, calls = parse_tool_calls(call("get_weather", city="123"), TOOLS, QWEN35)
     assert json.loads(calls[0]["function"]["arguments"]) == {"city": "123"}
-    _, calls = parse_tool_calls(call("get_weather", city="two\nlines"), TOOLS)
+    _, calls = parse_tool_calls(call("get_weather", city="two\nlines"), TOOLS, QWEN35)
     assert json.loads(calls[0]["function"]["arguments"]) == {"city": "two\nlines"}
 
 
 def test_parallel_calls_and_no_parameters():
     text = call("get_weather", city="A") + "\n" + call("noop")
-    content, calls = parse_tool_calls(text, TOOLS)
+    content, calls = parse_tool_calls(text, TOOLS, QWEN35)
     assert content == "" and [c["function"]["name"] for c in calls] == ["get_weather", "noop"]
     assert json.loads(calls[1]["function"]["arguments"]) == {}
     assert calls[0]["id"] != calls[1]["id"]
@@ -54,7 +56,7 @@ def test_parallel_calls_and_no_parameters():
     "<tool_call>\n<function=get_weather>\nstray<parameter=city>\nP\n</parameter>\n</function>\n</tool_call>",
 ])
 def test_malformed_calls_stay_as_text(text):
-    content, calls = parse_tool_calls(text, TOOLS)
+    content, calls = parse_tool_calls(text, TOOLS, QWEN35)
     assert calls == [] and content == text
 
 
@@ -77,13 +79,47 @@ def test_wrongly_typed_values_fall_back_to_the_string():
     ("<think>cut", False, "cut", ""),
 ])
 def test_reasoning_split(text, opened, reasoning, rest):
-    assert split_reasoning(text, opened) == (reasoning, rest)
+    assert split_reasoning(text, QWEN35, opened) == (reasoning, rest)
 
 
 def test_reasoning_then_tool_call():
-    out = parse_output("<think>need weather</think>\n" + call("get_weather", city="Oslo"), tools=TOOLS)
+    out = parse_output("<think>need weather</think>\n" + call("get_weather", city="Oslo"), tools=TOOLS, conventions=QWEN35)
     assert out.reasoning == "need weather" and out.content == ""
     assert json.loads(out.tool_calls[0]["function"]["arguments"]) == {"city": "Oslo"}
     # tools not offered (tool_choice none): the XML stays as content
-    out = parse_output(call("get_weather", city="Oslo"), tools=None)
+    out = parse_output(call("get_weather", city="Oslo"), tools=None, conventions=QWEN35)
     assert out.tool_calls == [] and "<tool_call>" in out.content
+
+
+# ---- Hermes JSON tool calls and no reasoning (Qwen2.5's conventions) ----------------------------
+
+HERMES = ChatConventions("test-hermes", "json", think_open=None, think_close=None)
+
+
+def hermes(name, args, *, as_string=False):
+    a = json.dumps(json.dumps(args)) if as_string else json.dumps(args)
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {a}}}\n</tool_call>'
+
+
+def test_hermes_calls_parse_and_unknown_or_malformed_blocks_stay_text():
+    text = "On it.\n" + hermes("get_weather", {"city": "Oslo", "days": 3}) + "\n" + \
+        hermes("noop", {}, as_string=True)
+    content, calls = parse_tool_calls(text, TOOLS, HERMES)
+    assert content == "On it."
+    assert [c["function"]["name"] for c in calls] == ["get_weather", "noop"]
+    assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Oslo", "days": 3}
+    assert json.loads(calls[1]["function"]["arguments"]) == {}
+    for bad in (hermes("launch", {"x": 1}),                                  # not declared
+                '<tool_call>\n{"name": "noop", "arguments": [1]}\n</tool_call>',   # arguments not an object
+                '<tool_call>\n{"name": "noop", "arguments": {}, "x": 1}\n</tool_call>',  # stray key
+                '<tool_call>\n{"name": "noop", "arguments": {\n</tool_call>',    # not JSON
+                '<tool_call>\n{"name": "noop", "arguments": {"a": 1e999}}\n</tool_call>'):  # not finite
+        assert parse_tool_calls(bad, TOOLS, HERMES) == (bad, [])
+    # the XML syntax is not read under the JSON conventions, nor JSON under the XML ones
+    assert parse_tool_calls(call("noop"), TOOLS, HERMES)[1] == []
+    assert parse_tool_calls(hermes("noop", {}), TOOLS, QWEN35)[1] == []
+
+
+def test_a_family_without_reasoning_keeps_think_tags_as_content():
+    out = parse_output("<think>x</think>\nAnswer", tools=None, conventions=HERMES, prompt_opens_think=True)
+    assert out.reasoning is None and out.content == "<think>x</think>\nAnswer"
