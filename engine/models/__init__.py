@@ -16,7 +16,7 @@ from engine.errors import ModelLoadError
 from engine.gguf_file import GGUFFile
 from engine.state import State
 
-from . import qwen35
+from . import qwen2, qwen35
 
 __all__ = ["ARCHITECTURES", "Architecture", "LanguageModel", "ModelConfig", "load_config", "load_conventions",
            "load_model"]
@@ -73,6 +73,7 @@ class Architecture:
 ARCHITECTURES: dict[str, Architecture] = {
     a.name: a for a in (
         Architecture(qwen35.ARCH, qwen35.Qwen35, qwen35.Qwen35Config.from_gguf, qwen35.conventions),
+        *(Architecture(a, qwen2.Qwen2, qwen2.Qwen2Config.from_gguf, qwen2.conventions) for a in qwen2.ARCHS),
     )
 }
 

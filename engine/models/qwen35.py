@@ -21,7 +21,9 @@ from engine.errors import ModelLoadError
 from engine.gguf_file import GGUFFile
 from engine.ops import rms_norm, sigmoid, silu, silu_mul, softplus
 from engine.state import AttentionState, DeltaNetState, LayerState, State
-from engine.weights import Linear, ScratchBuffer, vector
+from engine.weights import Linear, ScratchBuffer
+
+from .common import Tensors, attend, check_forward, lm_head, n_vocab
 
 ARCH = "qwen35"
 Hook = Callable[[str, int, np.ndarray], None]
@@ -81,10 +83,8 @@ class Qwen35Config:
         if isinstance(n_head_kv, list):  # per-layer arrays are allowed by GGUF; take the attention value
             n_head_kv = max(n_head_kv)
         sections = f.get(p + "rope.dimension_sections", [])
-        tokens = f.get("tokenizer.ggml.tokens")
-        emb = f.tensor("token_embd.weight")
         cfg = cls(
-            n_vocab=len(tokens) if tokens else emb.shape[0],
+            n_vocab=n_vocab(f),
             n_embd=n_embd,
             n_layer=int(f.require(p + "block_count")),
             n_ff=int(f.require(p + "feed_forward_length")),
@@ -155,18 +155,8 @@ class Qwen35:
         self.file = f
         self.config = cfg = Qwen35Config.from_gguf(f)
         self.scratch = ScratchBuffer()
-
-        def lin(name: str, out_f: int, in_f: int) -> Linear:
-            t = f.tensor(name)
-            if t.shape != (out_f, in_f):
-                raise ModelLoadError(f"{f.path}: tensor {name} has shape {t.shape}, expected {(out_f, in_f)}")
-            return Linear(t, self.scratch)
-
-        def vec(name: str, shape: tuple[int, ...]) -> np.ndarray:
-            t = f.tensor(name)
-            if t.shape != shape:
-                raise ModelLoadError(f"{f.path}: tensor {name} has shape {t.shape}, expected {shape}")
-            return vector(t)
+        tensors = Tensors(f, self.scratch)
+        lin, vec = tensors.linear, tensors.vector
 
         E = cfg.n_embd
         self.token_embd = lin("token_embd.weight", cfg.n_vocab, E)
@@ -243,19 +233,11 @@ class Qwen35:
         """`forward`, also returning independent copies of the state as it was after each
         position in `capture` (absolute token counts in (state.n_tokens, state.n_tokens + T]):
         prefix checkpoints from one batched pass, without splitting it."""
-        tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
         cfg = self.config
-        if tokens.size == 0:
-            raise ValueError("forward needs at least one token")
         start = state.n_tokens
-        capture = sorted(set(int(p) for p in capture))
-        if capture and not (start < capture[0] and capture[-1] <= start + tokens.size):
-            raise ValueError(f"capture positions {capture} must lie in ({start}, {start + tokens.size}]")
+        tokens, capture = check_forward(tokens, start, capture, cfg.n_vocab)
         rel = [p - start for p in capture]
         captured: dict[int, list[DeltaNetState]] = {}
-        if tokens.min() < 0 or tokens.max() >= cfg.n_vocab:
-            bad = int(tokens[(tokens < 0) | (tokens >= cfg.n_vocab)][0])
-            raise ValueError(f"token id {bad} is outside the vocabulary (0..{cfg.n_vocab - 1})")
         x = self.token_embd.rows(tokens)
         rope = None  # cos/sin of this pass's positions, made once for all attention layers
         if hook:
@@ -293,14 +275,8 @@ class Qwen35:
         h = rms_norm(x, self.output_norm, cfg.rms_eps)
         if hook:
             hook("result_norm", -1, h)
-        out = self._lm_head(h)
+        out = lm_head(self.output, h)
         return (out[0] if logits == "last" else out), states
-
-    def _lm_head(self, h: np.ndarray) -> np.ndarray:
-        # Row blocks keep the dequantized head bounded when all positions are asked for.
-        if h.shape[0] == 1:
-            return self.output(h)
-        return np.concatenate([self.output(h[i:i + 1]) for i in range(h.shape[0])], axis=0)
 
     def _deltanet(self, w: DeltaNetWeights, x: np.ndarray, st: DeltaNetState, il: int,
                   hook: Hook | None, capture: Sequence[int] = ()) -> tuple[np.ndarray, list[DeltaNetState]]:
@@ -348,11 +324,7 @@ class Qwen35:
         cos, sin = rope
         q = attention.apply_rope(q, cos, sin)
         k = attention.apply_rope(k, cos, sin)
-        st.reserve(start + T, start)
-        st.k[:, start:start + T] = np.swapaxes(k, 0, 1)
-        st.v[:, start:start + T] = np.swapaxes(v, 0, 1)
-        n = start + T
-        a = attention.causal_attention(q, st.k[:, :n], st.v[:, :n], start, 1.0 / math.sqrt(hd))
+        a = attend(st, q, k, v, start)
         if hook:
             hook("attn_pregate", il, a)
         out = w.o(a.reshape(T, cfg.n_head * hd) * sigmoid(gate))

@@ -1,8 +1,10 @@
-"""The model factory: valid Qwen3.5 GGUFs with seeded random weights and a small BPE vocabulary.
+"""The model factory: valid GGUFs with seeded random weights and a small BPE vocabulary, of
+Qwen3.5 (`qwen35`, the hybrid) and of the dense Qwen2 / Qwen3 families (`qwen2`, `qwen3`: the
+`tiny-qwen2` / `tiny-qwen3` presets).
 
-`python -m engine make-model --preset tiny|0.8b|2b --weights F32|… --seed S --out PATH`.
+`python -m engine make-model --preset tiny|0.8b|2b|tiny-qwen2|… --weights F32|… --seed S --out PATH`.
 Same arguments → same bytes. Tensor names, shapes, metadata keys and the Q4_K_M mix follow what
-llama.cpp's converter and quantizer write for Qwen3.5, so llama.cpp loads our files.
+llama.cpp's converter and quantizer write for each architecture, so llama.cpp loads our files.
 Norm weights are stored "ready to multiply" (the converter folds Qwen's 1 + w), except the
 DeltaNet ssm_norm; ssm_a is stored as −exp(A_log).
 """
@@ -22,11 +24,15 @@ from gguf import GGMLQuantizationType as Q, GGUFWriter, LlamaFileType
 from engine.quant import formats
 from engine.synthetic.vocab import build_vocab
 
-ARCH = "qwen35"
+DENSE_ARCHS = ("qwen2", "qwen3")
+HERMES_TEMPLATE_PATH = Path(__file__).resolve().parent / "hermes_chat_template.jinja"
 
 
 @dataclass(frozen=True)
 class Preset:
+    """A model's shapes. `arch` "qwen35": the hybrid (every `full_attention_interval`-th layer
+    attention, the others DeltaNet: d_state, n_k_heads, n_v_heads, rope_sections apply);
+    "qwen2" (QKV bias) or "qwen3" (Q/K RMS norm): every layer attention, the DeltaNet fields unused."""
     n_vocab: int
     n_embd: int
     n_layer: int
@@ -45,6 +51,14 @@ class Preset:
     rope_base: float = 10_000_000.0
     rms_eps: float = 1e-6
     tied: bool = True
+    arch: str = "qwen35"
+
+    @property
+    def dense(self) -> bool:
+        return self.arch in DENSE_ARCHS
+
+    def is_attention(self, layer: int) -> bool:
+        return self.dense or (layer + 1) % self.full_attention_interval == 0
 
 
 PRESETS: dict[str, Preset] = {
@@ -71,6 +85,15 @@ PRESETS: dict[str, Preset] = {
                  n_rot=64, rope_sections=(11, 11, 10, 0), d_state=128, n_k_heads=16, n_v_heads=32),
     "9b": Preset(n_vocab=248320, n_embd=4096, n_layer=32, n_ff=12288, n_head=16, n_head_kv=4, head_dim=256,
                  n_rot=64, rope_sections=(11, 11, 10, 0), d_state=128, n_k_heads=16, n_v_heads=32, tied=False),
+    # The dense families at test size: Qwen2 with QKV bias and its own head (Qwen2.5-0.5B's head
+    # ratio 7:1 is 2:1 here), Qwen3 with Q/K norm, heads wider than n_embd / n_head (as Qwen3's
+    # 128-wide heads over 1024) and a tied head. Rows of 256 values: every K-format applies.
+    "tiny-qwen2": Preset(n_vocab=2048, n_embd=256, n_layer=3, n_ff=512, n_head=4, n_head_kv=2, head_dim=64,
+                         n_rot=64, rope_sections=(0, 0, 0, 0), d_state=0, n_k_heads=0, n_v_heads=0,
+                         n_ctx_train=32768, rope_base=1_000_000.0, tied=False, arch="qwen2"),
+    "tiny-qwen3": Preset(n_vocab=2048, n_embd=256, n_layer=3, n_ff=512, n_head=4, n_head_kv=2, head_dim=128,
+                         n_rot=128, rope_sections=(0, 0, 0, 0), d_state=0, n_k_heads=0, n_v_heads=0,
+                         n_ctx_train=40960, rope_base=1_000_000.0, tied=True, arch="qwen3"),
 }
 
 # --vocab: "factory" (a small BPE trained on corpus.txt, vocab.py) or "qwen35" (Qwen3.5's real
@@ -225,7 +248,7 @@ def _ssm_a(seed: int, b: str, n: int) -> Callable[[], np.ndarray]:
 
 def tensor_specs(p: Preset, seed: int) -> list[_Tensor]:
     """Every tensor, in file order (names, shapes and generators as llama.cpp's converter names
-    and shapes Qwen3.5's; shapes in numpy order)."""
+    and shapes the architecture's; shapes in numpy order)."""
     E = p.n_embd
     key_dim = p.n_k_heads * p.d_state
     value_dim = p.n_v_heads * p.d_state
@@ -249,6 +272,9 @@ def tensor_specs(p: Preset, seed: int) -> list[_Tensor]:
     for il in range(p.n_layer):
         b = f"blk.{il}."
         norm(b + "attn_norm.weight", il, b + "attn_norm", E)
+        if p.dense:
+            _dense_layer(p, seed, b, il, mat, vec, norm)
+            continue
         norm(b + "post_attention_norm.weight", il, b + "post_norm", E)
         if (il + 1) % p.full_attention_interval != 0:
             mat(b + "attn_qkv.weight", "attn_qkv", il, b + "attn_qkv", conv_dim, E)
@@ -274,6 +300,27 @@ def tensor_specs(p: Preset, seed: int) -> list[_Tensor]:
     return out
 
 
+def _dense_layer(p: Preset, seed: int, b: str, il: int, mat: Callable[..., None], vec: Callable[..., None],
+                 norm: Callable[..., None]) -> None:
+    """One Qwen2 / Qwen3 layer after its attn_norm: Q, K, V (+ biases for qwen2, + Q/K norms for
+    qwen3), the output projection, ffn_norm and the SwiGLU matrices."""
+    E, hd = p.n_embd, p.head_dim
+    mat(b + "attn_q.weight", "attn_q", il, b + "attn_q", p.n_head * hd, E)
+    mat(b + "attn_k.weight", "attn_k", il, b + "attn_k", p.n_head_kv * hd, E)
+    mat(b + "attn_v.weight", "attn_v", il, b + "attn_v", p.n_head_kv * hd, E)
+    if p.arch == "qwen2":
+        for name, n in (("attn_q", p.n_head * hd), ("attn_k", p.n_head_kv * hd), ("attn_v", p.n_head_kv * hd)):
+            vec(b + name + ".bias", il, (n,), lambda key=b + name + ".bias", n=n: _normal(seed, key, (n,), 0.1))
+    else:
+        norm(b + "attn_q_norm.weight", il, b + "q_norm", hd)
+        norm(b + "attn_k_norm.weight", il, b + "k_norm", hd)
+    mat(b + "attn_output.weight", "attn_output", il, b + "attn_output", E, p.n_head * hd)
+    norm(b + "ffn_norm.weight", il, b + "ffn_norm", E)
+    mat(b + "ffn_gate.weight", "ffn_gate", il, b + "ffn_gate", p.n_ff, E)
+    mat(b + "ffn_up.weight", "ffn_up", il, b + "ffn_up", p.n_ff, E)
+    mat(b + "ffn_down.weight", "ffn_down", il, b + "ffn_down", E, p.n_ff)
+
+
 def stored_type(cols: int, qtype: Q) -> Q:
     """The type a matrix of rows of `cols` values is written in: `qtype`, else Q8_0, else F16
     when its rows do not fit the blocks."""
@@ -290,7 +337,7 @@ def encode_matrix(values: np.ndarray, qtype: Q) -> tuple[np.ndarray, Q]:
 
 
 def stored_types(p: Preset, weights: str, specs: list[_Tensor]) -> list[Q]:
-    attn_layers = [il for il in range(p.n_layer) if (il + 1) % p.full_attention_interval == 0]
+    attn_layers = [il for il in range(p.n_layer) if p.is_attention(il)]
     out = []
     for t in specs:
         if t.kind == "vec":
@@ -374,7 +421,9 @@ def make_model(out: str | os.PathLike[str], preset: str = "tiny", weights: str =
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")  # processes making the same model at once
 
-    w = GGUFWriter(str(tmp), ARCH)
+    if p.dense:  # the dense families' split regex and a ChatML template with Hermes tool calls
+        spec = replace(spec, pre="qwen2", chat_template=HERMES_TEMPLATE_PATH.read_text(encoding="utf-8"))
+    w = GGUFWriter(str(tmp), p.arch)
     w.add_name(f"warmllm-factory-{preset}-{weights}-seed{seed}" + ("" if vocab == "factory" else f"-{vocab}"))
     w.add_file_type(WEIGHT_SCHEMES[weights][1])
     w.add_context_length(p.n_ctx_train)
@@ -388,13 +437,14 @@ def make_model(out: str | os.PathLike[str], preset: str = "tiny", weights: str =
     w.add_layer_norm_rms_eps(p.rms_eps)
     w.add_rope_freq_base(p.rope_base)
     w.add_rope_dimension_count(p.n_rot)
-    w.add_rope_dimension_sections(list(p.rope_sections))
-    w.add_ssm_conv_kernel(p.conv_kernel)
-    w.add_ssm_state_size(p.d_state)
-    w.add_ssm_group_count(p.n_k_heads)
-    w.add_ssm_time_step_rank(p.n_v_heads)
-    w.add_ssm_inner_size(p.n_v_heads * p.d_state)
-    w.add_full_attention_interval(p.full_attention_interval)
+    if not p.dense:
+        w.add_rope_dimension_sections(list(p.rope_sections))
+        w.add_ssm_conv_kernel(p.conv_kernel)
+        w.add_ssm_state_size(p.d_state)
+        w.add_ssm_group_count(p.n_k_heads)
+        w.add_ssm_time_step_rank(p.n_v_heads)
+        w.add_ssm_inner_size(p.n_v_heads * p.d_state)
+        w.add_full_attention_interval(p.full_attention_interval)
     _write_tokenizer(w, spec.metadata())
 
     specs = tensor_specs(p, seed)

@@ -4,7 +4,12 @@ from __future__ import annotations
 import numpy as np
 
 # Factory models the fixtures cover: (preset, weights, seed).
-PARITY_MODELS: list[tuple[str, str, int]] = [("tiny", "F32", 0), ("tiny", "Q8_0", 0), ("tiny", "Q4_K_M", 0)]
+PARITY_MODELS: list[tuple[str, str, int]] = [
+    ("tiny", "F32", 0), ("tiny", "Q8_0", 0), ("tiny", "Q4_K_M", 0),
+    # the dense families (engine/models/qwen2.py): Q5_0 is most of the real Qwen2.5 file's matrices
+    ("tiny-qwen2", "F32", 0), ("tiny-qwen2", "Q4_K_M", 0), ("tiny-qwen2", "Q5_0", 0),
+    ("tiny-qwen3", "F32", 0), ("tiny-qwen3", "Q8_0", 0),
+]
 
 # The smaller downloads' formats (engine/quant/lowbit.py), recorded by the same recorder and
 # compared in tests/engine/test_lowbit_parity_with_recorded_llama_cpp.py under the issue's bounds (lowbit_bounds).

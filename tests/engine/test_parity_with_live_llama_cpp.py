@@ -37,3 +37,18 @@ def test_live_tokens_and_greedy(model_factory):
     prompts = greedy_prompts()
     equal = sum(our_greedy(eng, p, 32) == llama_runner.greedy(llm, p, 32) for p in prompts)
     assert equal >= len(prompts) - 1
+
+
+@pytest.mark.parametrize("preset", ["tiny-qwen2", "tiny-qwen3"])
+@pytest.mark.parametrize("weights", ["F32", "Q8_0", "Q5_0", "Q4_K_M"])
+def test_live_dense_families(model_factory, preset, weights):
+    """The dense Qwen2 / Qwen3 files (engine/models/qwen2.py): llama.cpp loads them and agrees."""
+    path = model_factory(preset, weights, 0)
+    ours, theirs = live_last_logits(str(path), logit_prompts())
+    assert check_logits(weights, ours, theirs) == []
+    if weights == "F32":
+        llm = llama_runner.open_llama(str(path))
+        eng = Engine.load(str(path), warm_up=False)
+        assert llama_runner.tokenize(llm, TOKENIZE_STRINGS) == [eng.tokenizer.encode(s) for s in TOKENIZE_STRINGS]
+        prompts = greedy_prompts()
+        assert sum(our_greedy(eng, p, 32) == llama_runner.greedy(llm, p, 32) for p in prompts) >= len(prompts) - 1

@@ -53,10 +53,11 @@ def test_last_position_logits_match_llama_cpp(case):
     assert check_logits(weights, ours, logits) == []
 
 
-def test_greedy_continuations_match_llama_cpp(model_factory):
-    """The acceptance asks greedy equality on the F32 model."""
-    _, greedy, _ = _fixture("tiny", "F32", 0)
-    eng = Engine.load(str(model_factory("tiny", "F32", 0)), warm_up=False)
+@pytest.mark.parametrize("preset", sorted({p for p, w, _ in PARITY_MODELS if w == "F32"}))
+def test_greedy_continuations_match_llama_cpp(model_factory, preset):
+    """The acceptance asks greedy equality on the F32 model of each family."""
+    _, greedy, _ = _fixture(preset, "F32", 0)
+    eng = Engine.load(str(model_factory(preset, "F32", 0)), warm_up=False)
     prompts = greedy_prompts()
     equal = sum(our_greedy(eng, p, GREEDY_TOKENS) == list(g) for p, g in zip(prompts, greedy))
     assert equal >= len(prompts) - 1, f"{equal}/{len(prompts)} greedy continuations equal"

@@ -1,7 +1,8 @@
 """Sessions on the real forward: checkpoints are captured inside the batched prefill (no split),
 restored state (memory, directory, S3) gives the logits and greedy continuation of a fresh
 full prefill, chat turn 2 extends turn 1 (chat_prompt and through the handler), and a cold
-second process restores a prefix from S3 written by the first."""
+second process restores a prefix from S3 written by the first. The model-level tests run on the
+hybrid (tiny: DeltaNet + attention) and on the dense family (tiny-qwen2: attention only)."""
 from __future__ import annotations
 
 import json
@@ -17,8 +18,9 @@ import pytest
 
 from engine import snapshots as S
 from engine.gguf_file import GGUFFile
-from engine.models.qwen35 import Qwen35
+from engine.models import load_model
 from engine.session import Session, checkpoint_positions
+from engine.state import AttentionState
 from engine.synthetic.scripted import ScriptedSampler
 from tests.parity import greedy_from
 
@@ -32,16 +34,19 @@ def cosine(a, b) -> float:
 _models: dict = {}
 
 
-def load(model_factory, weights="F32"):
-    if weights not in _models:
-        f = GGUFFile(model_factory("tiny", weights))
-        m = Qwen35(f)
-        _models[weights] = (m, f.fingerprint(), S.state_layout(m.new_state()))
-    return _models[weights]
+FAMILIES = pytest.mark.parametrize("preset", ["tiny", "tiny-qwen2"])
 
 
-def new_store(model_factory, weights="F32", **kw):
-    m, fp, layout = load(model_factory, weights)
+def load(model_factory, weights="F32", preset="tiny"):
+    if (preset, weights) not in _models:
+        f = GGUFFile(model_factory(preset, weights))
+        m = load_model(f)
+        _models[preset, weights] = (m, f.fingerprint(), S.state_layout(m.new_state()))
+    return _models[preset, weights]
+
+
+def new_store(model_factory, weights="F32", preset="tiny", **kw):
+    m, fp, layout = load(model_factory, weights, preset)
     kw.setdefault("every", 64)
     kw.setdefault("flush_at_exit_s", 0)
     kw.setdefault("log", lambda *a, **k: None)
@@ -66,9 +71,10 @@ def test_checkpoint_positions_rule():
     assert checkpoint_positions(520, 0, [], 256) == [256, 520]  # 512: 8 before the end
 
 
-def test_prefill_splits_only_at_chunks_and_captures_checkpoints_inside(model_factory):
-    m, _, _ = load(model_factory)
-    st = new_store(model_factory)
+@FAMILIES
+def test_prefill_splits_only_at_chunks_and_captures_checkpoints_inside(model_factory, preset):
+    m, _, _ = load(model_factory, preset=preset)
+    st = new_store(model_factory, preset=preset)
     s = Session(m, prefill_chunk=128, store=st)
     calls = []
     real = m.forward_capturing
@@ -91,13 +97,15 @@ def test_prefill_splits_only_at_chunks_and_captures_checkpoints_inside(model_fac
         snap = st.memory.get((n, S.prefix_hashes(PROMPT, [n])[n]))
         ref = m.new_state()
         m.forward(np.array(PROMPT[:n]), ref, logits="none")
-        assert snap.state.n_tokens == n and snap.state.layers[3].k.shape[1] == n
+        attn = next(layer for layer in snap.state.layers if isinstance(layer, AttentionState))
+        assert snap.state.n_tokens == n and attn.k.shape[1] == n
         assert snap.state.max_abs_diff(ref) < 1e-3
 
 
-def test_extend_cached_and_checkpoint_beats_nothing(model_factory):
-    m, _, _ = load(model_factory)
-    s = Session(m, store=new_store(model_factory))
+@FAMILIES
+def test_extend_cached_and_checkpoint_beats_nothing(model_factory, preset):
+    m, _, _ = load(model_factory, preset=preset)
+    s = Session(m, store=new_store(model_factory, preset=preset))
     assert s.prefill(PROMPT[:200]).mode == "batched"
     r = s.prefill(PROMPT)
     assert (r.mode, r.reused_tokens, r.prefilled_tokens) == ("extend", 200, 100)
@@ -120,17 +128,18 @@ def _tiers(model_factory, weights, tier, tmp_path, moto_s3):
 
 
 
-@pytest.mark.parametrize("weights", ["F32", "Q8_0", "Q4_K_M"])
+@pytest.mark.parametrize("weights,preset", [("F32", "tiny"), ("Q8_0", "tiny"), ("Q4_K_M", "tiny"),
+                                            ("F32", "tiny-qwen2"), ("Q4_K_M", "tiny-qwen2")])
 @pytest.mark.parametrize("tier", ["memory", "efs", "s3"])
-def test_restore_matches_a_fresh_full_prefill(model_factory, tmp_path, moto_s3, weights, tier):
-    m, _, _ = load(model_factory, weights)
+def test_restore_matches_a_fresh_full_prefill(model_factory, tmp_path, moto_s3, weights, preset, tier):
+    m, _, _ = load(model_factory, weights, preset)
     kw1, kw2 = _tiers(model_factory, weights, tier, tmp_path, moto_s3)
-    first = new_store(model_factory, weights, **kw1)
+    first = new_store(model_factory, weights, preset, **kw1)
     a = Session(m, store=first)
     a.prefill(PROMPT, boundaries=[100])
     assert first.flush(30)
     # memory: the same process; efs / s3: a new store, as a new process would have
-    b = a if tier == "memory" else Session(m, store=new_store(model_factory, weights, **kw2))
+    b = a if tier == "memory" else Session(m, store=new_store(model_factory, weights, preset, **kw2))
     r = b.prefill(OTHER)
     assert r.mode == f"snapshot_{tier}" and r.reused_tokens == 192 and r.prefilled_tokens == 83
     assert r.snapshot_bytes > 0 and r.restore_ms >= 0
@@ -343,13 +352,14 @@ def test_agent_prefix_bench_shape(tiny_model_path):
     assert out["c_s3"]["reused_tokens"] > 0 and out["c_s3"]["snapshot_bytes"] > 0
 
 
-@pytest.mark.parametrize("weights", ["F32", "Q8_0", "Q4_K_M"])
-def test_restored_state_equals_the_state_it_saved(model_factory, weights):
+@pytest.mark.parametrize("weights,preset", [("F32", "tiny"), ("Q8_0", "tiny"), ("Q4_K_M", "tiny"),
+                                            ("Q4_K_M", "tiny-qwen2")])
+def test_restored_state_equals_the_state_it_saved(model_factory, weights, preset):
     """Restoring is exact: a session resumed from the 192-token checkpoint gives bit-identical
     logits and the same greedy continuation as the model continuing from the state the prefill
     captured at 192 (the same pass: PROMPT in one batch) — on every weight format."""
-    m, _, _ = load(model_factory, weights)
-    st = new_store(model_factory, weights)
+    m, _, _ = load(model_factory, weights, preset)
+    st = new_store(model_factory, weights, preset)
     Session(m, store=st).prefill(PROMPT, boundaries=[100])  # checkpoints 64, 100, 128, 192, …
     restored = Session(m, store=st)
     r = restored.prefill(OTHER)

@@ -87,13 +87,14 @@ def record_qwen35_tokens(workdir: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     """Records every parity model and the Qwen3.5 vocabulary's tokens, or only the models whose
-    weights are named on the command line (`qwen35-vocab` names the tokens)."""
+    weights, preset or preset-weights are named on the command line (`qwen35-vocab` names the
+    tokens)."""
     only = set(sys.argv[1:] if argv is None else argv)
     with tempfile.TemporaryDirectory() as d:
         if not only or "qwen35-vocab" in only:
             print(record_qwen35_tokens(Path(d)), file=sys.stderr)
         for preset, weights, seed in PARITY_MODELS + LOWBIT_PARITY:
-            if only and weights not in only:
+            if only and not only & {weights, preset, f"{preset}-{weights}"}:
                 continue
             print(record(preset, weights, seed, Path(d)), file=sys.stderr)
     return 0

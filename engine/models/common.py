@@ -1,0 +1,78 @@
+"""What every model file shares: reading its tensors with their shapes checked, the checks a
+forward makes of its tokens and capture positions, and the head over the final norm."""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from engine import attention
+from engine.errors import ModelLoadError
+from engine.gguf_file import GGUFFile
+from engine.state import AttentionState
+from engine.weights import Linear, ScratchBuffer, vector
+
+
+class Tensors:
+    """The file's tensors as the model needs them: matrices as `Linear` (quantized kernels),
+    vectors as float32 arrays; a shape other than the expected one is a ModelLoadError naming
+    the tensor."""
+
+    def __init__(self, f: GGUFFile, scratch: ScratchBuffer) -> None:
+        self.f, self.scratch = f, scratch
+
+    def linear(self, name: str, out_f: int, in_f: int) -> Linear:
+        t = self.f.tensor(name)
+        if t.shape != (out_f, in_f):
+            raise ModelLoadError(f"{self.f.path}: tensor {name} has shape {t.shape}, expected {(out_f, in_f)}")
+        return Linear(t, self.scratch)
+
+    def vector(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        t = self.f.tensor(name)
+        if t.shape != shape:
+            raise ModelLoadError(f"{self.f.path}: tensor {name} has shape {t.shape}, expected {shape}")
+        return vector(t)
+
+    def has(self, name: str) -> bool:
+        return self.f.has_tensor(name)
+
+
+def n_vocab(f: GGUFFile) -> int:
+    """The vocabulary size: the tokenizer's token list, else the embedding's rows."""
+    tokens = f.get("tokenizer.ggml.tokens")
+    return len(tokens) if tokens else f.tensor("token_embd.weight").shape[0]
+
+
+def check_forward(tokens: np.ndarray, start: int, capture: Sequence[int], n_vocab: int) -> tuple[np.ndarray, list[int]]:
+    """`tokens` as int64 ids within the vocabulary and `capture` as sorted absolute positions in
+    (start, start + T]; ValueError naming what is wrong otherwise."""
+    tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
+    if tokens.size == 0:
+        raise ValueError("forward needs at least one token")
+    positions = sorted(set(int(p) for p in capture))
+    if positions and not (start < positions[0] and positions[-1] <= start + tokens.size):
+        raise ValueError(f"capture positions {positions} must lie in ({start}, {start + tokens.size}]")
+    if tokens.min() < 0 or tokens.max() >= n_vocab:
+        bad = int(tokens[(tokens < 0) | (tokens >= n_vocab)][0])
+        raise ValueError(f"token id {bad} is outside the vocabulary (0..{n_vocab - 1})")
+    return tokens, positions
+
+
+def lm_head(output: Linear, h: np.ndarray) -> np.ndarray:
+    """Logits of the normed positions `h` (T, n_embd). Row blocks keep the dequantized head
+    bounded when all positions are asked for."""
+    if h.shape[0] == 1:
+        return output(h)
+    return np.concatenate([output(h[i:i + 1]) for i in range(h.shape[0])], axis=0)
+
+
+def attend(st: AttentionState, q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int) -> np.ndarray:
+    """This pass's roped K and V (T, H_kv, d) appended to the layer's cache at `start`, then
+    causal attention of q (T, H, d) over every position so far, scaled 1/sqrt(d): (T, H, d)."""
+    T, d = q.shape[0], q.shape[2]
+    st.reserve(start + T, start)
+    st.k[:, start:start + T] = np.swapaxes(k, 0, 1)
+    st.v[:, start:start + T] = np.swapaxes(v, 0, 1)
+    n = start + T
+    return attention.causal_attention(q, st.k[:, :n], st.v[:, :n], start, 1.0 / math.sqrt(d))
