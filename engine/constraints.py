@@ -34,7 +34,7 @@ import time
 import weakref
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -460,7 +460,9 @@ def compile_grammar(spec: GrammarSpec, tok: Tokenizer) -> CompiledGrammar:
     with _COMPILED_LOCK:
         hit = _COMPILED.get(key)
     if hit is not None:
-        return hit
+        # the same grammar text may come with another trigger or field (tool_choice auto and
+        # required compile the same calls): the matcher is shared, the spec is this request's
+        return hit if hit.spec == spec else replace(hit, spec=spec)
     t0 = time.perf_counter()
     is_err, msgs = llguidance.LLMatcher.validate_grammar_with_warnings(spec.grammar, lt)
     if is_err:

@@ -185,6 +185,18 @@ def test_auto_tool_choice_is_free_until_the_model_opens_a_call(tok):
     assert len(calls) == 1 and 1 <= json.loads(calls[0]["function"]["arguments"])["n"] <= 5
 
 
+def test_a_cached_grammar_keeps_each_requests_trigger(tok):
+    """tool_choice auto and required compile the same grammar text; the compile cache must not
+    hand the second request the first one's trigger (a required call left unconstrained)."""
+    tools = [_tool("get", {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]})]
+    auto = C.Constraint(C.compile_grammar(C.tool_call_grammar(tools, QWEN35, trigger=True), tok), tok)
+    forced = C.Constraint(C.compile_grammar(C.tool_call_grammar(tools, QWEN35), tok), tok)
+    again = C.Constraint(C.compile_grammar(C.tool_call_grammar(tools, QWEN35, trigger=True), tok), tok)
+    assert (auto.active, forced.active, again.active) == (False, True, False)
+    for c in (auto, forced, again):
+        c.close()
+
+
 def test_grammar_waits_for_the_end_of_reasoning(tok):
     spec = C.json_schema_grammar({"type": "object", "properties": {"ok": {"type": "boolean"}},
                                   "required": ["ok"], "additionalProperties": False})
