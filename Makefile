@@ -35,9 +35,16 @@ real-model: $(STAMP)
 	@$(PY) -m function.real_model
 
 # Invokes the Lambda handler locally on a sample event: prints the response and the log line.
+# With no MODEL, PRESET or WEIGHTS given it answers with the real model (make real-model, fetched
+# once); when that cannot be had it says why and answers with the random-weights test model.
 EVENT ?= events/chat_http_api.json
-run: $(STAMP) model
-	MODEL_PATH=$(MODEL) $(PY) -m function $(EVENT)
+ifeq ($(origin MODEL)$(origin PRESET)$(origin WEIGHTS),filefilefile)
+RUN_CHOICE := --real-first
+endif
+run: $(STAMP)
+	@model=$$($(PY) -m function.dev_model $(RUN_CHOICE) --print $(MODEL) $(DEFAULT_MODEL) $(PRESET) $(WEIGHTS)) \
+		&& echo "MODEL_PATH=$$model $(PY) -m function $(EVENT)" \
+		&& MODEL_PATH=$$model $(PY) -m function $(EVENT)
 
 # The engine alone, without the function.
 generate: $(STAMP) model

