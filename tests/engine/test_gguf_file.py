@@ -10,6 +10,7 @@ from gguf import GGUFWriter
 from engine.errors import ModelLoadError
 from engine.gguf_file import GGUFFile
 from engine import models
+from engine.models.qwen2 import Qwen2
 from engine.models.qwen35 import Qwen35
 
 
@@ -58,17 +59,22 @@ def test_unsupported_architecture_lists_the_supported(tmp_path):
     with pytest.raises(ModelLoadError, match="'llama' is not supported; supported: qwen35"):
         Qwen35(GGUFFile(p))
     # the registry (what Engine.load and `engine info` go through) says the same, before any weight
-    for load in (models.load_model, models.load_config):
-        with pytest.raises(ModelLoadError, match="'llama' is not supported; supported: qwen35"):
+    for load in (models.load_model, models.load_config, models.load_conventions):
+        with pytest.raises(ModelLoadError, match="'llama' is not supported; supported: qwen2, qwen3, qwen35"):
             load(GGUFFile(p))
 
 
 def test_the_registry_picks_the_family_from_the_file(model_factory):
     f = GGUFFile(str(model_factory("tiny", "Q4_K_M")))
-    assert set(models.ARCHITECTURES) == {"qwen35"}
+    assert set(models.ARCHITECTURES) == {"qwen35", "qwen2", "qwen3"}
     m = models.load_model(f)
     assert isinstance(m, Qwen35)
     assert models.load_config(f) == m.config
+    for preset, arch in (("tiny-qwen2", "qwen2"), ("tiny-qwen3", "qwen3")):
+        f = GGUFFile(str(model_factory(preset, "Q4_K_M")))
+        m = models.load_model(f)
+        assert isinstance(m, Qwen2) and m.config.arch == arch and models.load_config(f) == m.config
+        assert models.load_conventions(f).tool_syntax == "json"
 
 
 def test_missing_tensor_is_named(tmp_path, tiny_model_path):
