@@ -192,9 +192,9 @@ def test_multi_token_kernel_checks_its_activations(int8_here):
 
 
 def test_multi_token_kernel_is_refused_where_there_is_none():
-    raw, _ = _matrix(T.Q4_0, 4, 256, 0)
+    raw, _ = _matrix(T.Q4_1, 4, 256, 0)   # Q4_1 has float rows only (as IQ3_XXS)
     with pytest.raises(ValueError, match="no multi-token integer kernel"):
-        K.MatvecPlan(T.Q4_0, raw, 4, 256).tokens(np.zeros((2, 256), np.float32))
+        K.MatvecPlan(T.Q4_1, raw, 4, 256).tokens(np.zeros((2, 256), np.float32))
 
 
 def test_q8_0_integer_activations_are_the_rounded_activations():

@@ -15,7 +15,8 @@ from engine.quant.activations import activation_format, round_activations
 
 LOWBIT = [T.Q2_K, T.Q3_K, T.IQ4_NL, T.IQ4_XS, T.IQ3_S, T.IQ3_XXS]
 # byte offsets of f16 fields in each block
-F16_FIELDS = {T.Q5_K: [0, 2], T.Q2_K: [80, 82], T.Q3_K: [108], T.IQ4_NL: [0], T.IQ4_XS: [0], T.IQ3_S: [0], T.IQ3_XXS: [0]}
+F16_FIELDS = {T.Q5_K: [0, 2], T.Q2_K: [80, 82], T.Q3_K: [108], T.IQ4_NL: [0], T.IQ4_XS: [0], T.IQ3_S: [0], T.IQ3_XXS: [0],
+              T.Q4_0: [0], T.Q5_0: [0]}
 # RMS(error) / RMS(values) of our encoders on N(0, 1) (measured 0.278, 0.153, 0.077, 0.079, 0.137, 0.198)
 RMS_BOUND = {T.Q2_K: 0.30, T.Q3_K: 0.17, T.IQ4_NL: 0.085, T.IQ4_XS: 0.088, T.IQ3_S: 0.15, T.IQ3_XXS: 0.21}
 ACTIVATIONS = {T.Q2_K: "q8_k", T.Q3_K: "q8_k", T.IQ4_NL: "q8_0", T.IQ4_XS: "q8_k", T.IQ3_S: "q8_k",
@@ -101,13 +102,14 @@ def test_decode_rows_match_exact_product(qtype, rows):
     assert np.all(np.abs(out - ref) <= bound), np.max(np.abs(out - ref) / bound)
 
 
-# x86/lowbit.py's integer rows and tiles (Q5_K: the Q3_K_M / IQ4_XS mixes' other type)
-X86_INT8 = [T.Q2_K, T.Q3_K, T.IQ4_XS, T.IQ4_NL, T.IQ3_S, T.Q5_K]
+# x86/lowbit.py's integer rows and tiles (Q5_K: the Q3_K_M / IQ4_XS mixes' other type; Q4_0 and
+# Q5_0: the legacy 32-value formats, Q5_0 most of the real Qwen2.5 file)
+X86_INT8 = [T.Q2_K, T.Q3_K, T.IQ4_XS, T.IQ4_NL, T.IQ3_S, T.Q5_K, T.Q4_0, T.Q5_0]
 x86_int8 = pytest.mark.skipif(not paths.target().level.is_x86_int8,
                               reason="the low-bit integer rows are x86 code (AVX2 and up)")
 
 
-@ids
+@pytest.mark.parametrize("qtype", LOWBIT + [T.Q4_0, T.Q5_0], ids=lambda t: t.name)
 def test_path_chooser_names_the_paths(qtype):
     # integer decode rows on x86 (AVX2 instructions on every level) for five of the formats;
     # IQ3_XXS and every format on arm64 decode with float rows; prefill is dequantize + BLAS

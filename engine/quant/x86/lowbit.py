@@ -1,6 +1,7 @@
 """Integer rows and tiles for the smaller downloads' formats on x86 (AVX2 and up), in x86 intrinsics.
 
-Q2_K, Q3_K, Q5_K (the Q3_K_M / IQ4_XS mixes' attn_v and ffn_down), IQ4_XS and IQ3_S times Q8_K activations, IQ4_NL times Q8_0 activations (int8 +
+Q2_K, Q3_K, Q5_K (the Q3_K_M / IQ4_XS mixes' attn_v and ffn_down), IQ4_XS and IQ3_S times Q8_K activations, IQ4_NL and
+the legacy Q4_0 and Q5_0 times Q8_0 activations (int8 +
 f32 scale per 32, `activations.quantize_q8_0` into an int8 array): llama.cpp's AVX2 scheme
 (ggml-cpu/arch/x86/quants.c), one 256-bit vector per run of 32 weights, an <8 x float>
 accumulator carried across the row and one horizontal sum per row (int8_dot.row_codegen).
@@ -19,6 +20,8 @@ at every prompt length on that level (traits.py).
 * IQ4_XS, IQ4_NL: the 16 non-linear levels (gguf's kvalues) looked up with `vpshufb` from the
   nibbles; the levels are signed, so `vpsignb` moves the sign onto the activations first
   (|level| <= 127, |x| <= 127: a pair sum is at most 32258, no saturation).
+* Q4_0, Q5_0: nibbles (Q5_0: and a fifth bit from qh, expanded as IQ3_S's signs are) less 8 /
+  16, signed, then as IQ4_NL (llama.cpp's ggml_vec_dot_q4_0_q8_0 / q5_0_q8_0).
 * IQ3_S: 8 grid rows (4 unsigned bytes each, 1..15) gathered per 32 values from the 512-entry
   lattice (passed in as a uint32 array), the 32 sign bits expanded to byte masks with `vpshufb`
   + compare and applied to the activations ((x ^ m) - m).
@@ -287,6 +290,42 @@ def _iq3_s_unpack(row, i) -> _Block:
     return _Block(runs, row.half(p))
 
 
+def _nibbles32(b, q16):
+    """16 packed bytes -> their 32 nibbles as bytes: low nibbles (values 0-15) then high (16-31),
+    the order of every 32-value legacy block (llama.cpp's bytes_from_nibbles_32)."""
+    m4 = ir.Constant(vec(I8, 16), [15] * 16)
+    lo = b.and_(q16, m4)
+    hi = b.and_(b.lshr(q16, ir.Constant(vec(I8, 16), [4] * 16)), m4)
+    return b.shuffle_vector(lo, hi, ir.Constant(vec(I32, 32), list(range(32))))
+
+
+_ONES16 = [1] * 16
+
+
+def _q4_0_unpack(row, i) -> _Block:
+    # 18 bytes per 32 values: d f16, 16 bytes of nibbles; value = nibble - 8 (Q8_0 activations)
+    b = row.b
+    p = b.mul(i, _c64(18))
+    prefetch(row, p, 18)
+    w = b.sub(_nibbles32(b, row.load("row", b.add(p, _c64(2)), vec(I8, 16), align=1)), _bytes(8))
+    return _Block([_signed_run(b, w, ir.Constant(W16, _ONES16))], row.half(p))
+
+
+def _q5_0_unpack(row, i) -> _Block:
+    # 22 bytes per 32 values: d f16, qh 4 bytes (bit j: value j's fifth bit), 16 bytes of nibbles;
+    # value = (nibble | bit << 4) - 16. The bits become bytes as IQ3_S's signs do: `vpshufb` of
+    # the broadcast word picks byte j // 8 for value j, a compare with 1 << j % 8 tests the bit.
+    b = row.b
+    p = b.mul(i, _c64(22))
+    prefetch(row, p, 22)
+    qh = b.bitcast(_splat_i32(b, row.load("row", b.add(p, _c64(2)), I32, align=1)), V8)
+    bits = b.and_(_pshufb(b, qh, _bytes(_SIGN_BYTE)), _bytes(_SIGN_BIT))
+    high = b.and_(b.sext(b.icmp_unsigned("==", bits, _bytes(_SIGN_BIT)), V8), _bytes(16))
+    q = _nibbles32(b, row.load("row", b.add(p, _c64(6)), vec(I8, 16), align=1))
+    w = b.sub(b.or_(q, high), _bytes(16))
+    return _Block([_signed_run(b, w, ir.Constant(W16, _ONES16))], row.half(p))
+
+
 def _block(unpack, values_per_block: int = 256):
     """int8_dot.row_codegen's block body: unpack block i once, then each token's products
     (runs outer, tokens inner in x86/avx2.py's tiles; here the runs of a block are few enough
@@ -355,6 +394,20 @@ def iq4_nl_row_dot(typingctx, row, nb, xq, xd):
     return types.float32(row, nb, xq, xd), row_codegen(_Q8_0_ROW, 1, _block(_iq4_nl_unpack, 32))
 
 
+@intrinsic
+def q4_0_row_dot(typingctx, row, nb, xq, xd):
+    """The Q4_0 row (nb blocks of 32) times one token's Q8_0 activations, as float32."""
+    _x86_only("Q4_0")
+    return types.float32(row, nb, xq, xd), row_codegen(_Q8_0_ROW, 1, _block(_q4_0_unpack, 32))
+
+
+@intrinsic
+def q5_0_row_dot(typingctx, row, nb, xq, xd):
+    """The Q5_0 row (nb blocks of 32) times one token's Q8_0 activations, as float32."""
+    _x86_only("Q5_0")
+    return types.float32(row, nb, xq, xd), row_codegen(_Q8_0_ROW, 1, _block(_q5_0_unpack, 32))
+
+
 # Several tokens per weight block (a prefill's products): the block is unpacked once for TILE
 # tokens; token t's activations at xq[xo + t*xstride:], block scales at xd[do + t*dstride:],
 # sums at xs[so + t*sstride:], results to res[t]. One signature for the four Q8_K formats
@@ -407,6 +460,22 @@ def iq4_nl_row_dot_tile(typingctx, row, nb, xq, xo, xstride, xd, do, dstride, re
     _x86_only("IQ4_NL")
     sig = types.void(row, nb, xq, xo, xstride, xd, do, dstride, res)
     return sig, row_codegen(_Q8_0_TILE, TILE, _block(_iq4_nl_unpack, 32))
+
+
+@intrinsic
+def q4_0_row_dot_tile(typingctx, row, nb, xq, xo, xstride, xd, do, dstride, res):
+    """`iq4_nl_row_dot_tile` for a Q4_0 row."""
+    _x86_only("Q4_0")
+    sig = types.void(row, nb, xq, xo, xstride, xd, do, dstride, res)
+    return sig, row_codegen(_Q8_0_TILE, TILE, _block(_q4_0_unpack, 32))
+
+
+@intrinsic
+def q5_0_row_dot_tile(typingctx, row, nb, xq, xo, xstride, xd, do, dstride, res):
+    """`iq4_nl_row_dot_tile` for a Q5_0 row."""
+    _x86_only("Q5_0")
+    sig = types.void(row, nb, xq, xo, xstride, xd, do, dstride, res)
+    return sig, row_codegen(_Q8_0_TILE, TILE, _block(_q5_0_unpack, 32))
 
 
 # AVX-512 VNNI's `vpdpbusd` multiplies unsigned weights by signed activations, so IQ4_XS's
