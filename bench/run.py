@@ -333,8 +333,34 @@ def plan(a: argparse.Namespace) -> Plan:
         return Plan(runs, modes, "", 0, 0, quick=True)
     modes = tuple((a.modes or "native,avx2,native-pinned").split(","))
     depths = tuple(int(d) for d in str(getattr(a, "depths", "") or "").split(",") if d.strip())
-    return Plan(tuple((a.preset, w) for w in a.weights.split(",")), modes, "2048", a.agent_rounds,
-                a.constrained_rounds, depths=depths)
+    real = getattr(a, "real", "")
+    runs = () if real == "only" else tuple((a.preset, w) for w in a.weights.split(","))
+    if real:
+        runs += ((REAL_PRESET, "Q4_K_M"),)
+    agent, constrained = (0, 0) if real == "only" else (a.agent_rounds, a.constrained_rounds)
+    return Plan(runs, modes, "2048", agent, constrained, depths=depths)
+
+
+# `--real` / `--real only`: the one trained model here (make real-model: Qwen2.5-Coder-0.5B-Instruct,
+# the dense qwen2 family, a Q4_K_M mix that is mostly Q5_0) beside or instead of the factory files
+REAL_PRESET = "real"
+
+
+def model_path(preset: str, weights: str) -> Path:
+    """The file a run measures: the factory's models/<preset>-<weights>.gguf (built if absent), or
+    the real model (fetched and verified if absent)."""
+    if preset == REAL_PRESET:
+        from function import real_model
+
+        out = ROOT / real_model.DEFAULT_OUT
+        if not out.is_file():
+            real_model.link(real_model.fetch(), out)
+        return out
+    model = ROOT / "models" / f"{preset}-{weights}.gguf"
+    if not model.exists():
+        subprocess.run([sys.executable, "-m", "engine", "make-model", "--preset", preset, "--weights", weights,
+                        "--seed", "0", "--out", str(model)], check=True, cwd=ROOT)
+    return model
 
 
 def kv_bytes(model: Path, tokens: int) -> int:
@@ -378,6 +404,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--modes", default=None,
                     help="comma-separated: native, native-pinned, avx2, image (see the module docstring); "
                          "default native,avx2,native-pinned (--large: native)")
+    ap.add_argument("--real", nargs="?", const="also", default="", choices=["also", "only"],
+                    help="the real model (make real-model) beside the factory files; `--real only`: it alone")
     ap.add_argument("--large", action="store_true",
                     help="4B Q4_K_M, 9B Q3_K_M and 9B IQ4_XS (LARGE_RUNS) instead of --preset/--weights")
     ap.add_argument("--large-only", default="", help="with --large: some of LARGE_RUNS, e.g. 4b:Q4_K_M,9b:IQ4_XS")
@@ -407,10 +435,7 @@ def main() -> int:
                "read_bandwidth_gb_s": round(bandwidth / 1e9, 2), "depths": list(pl.depths), "runs": [],
                "large": a.large}
     for preset, weights in pl.runs:
-        model = ROOT / "models" / f"{preset}-{weights}.gguf"
-        if not model.exists():
-            subprocess.run([sys.executable, "-m", "engine", "make-model", "--preset", preset, "--weights", weights,
-                            "--seed", "0", "--out", str(model)], check=True, cwd=ROOT)
+        model = model_path(preset, weights)
         for mode in pl.modes:
             env, variant = _mode_env(mode, a.threads)
             run = {"weights": weights, "model": str(model.relative_to(ROOT)), "mode": mode,

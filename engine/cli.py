@@ -1,4 +1,4 @@
-"""`python -m engine …`: generate, tokenize, logits, make-model, info. Errors: one line on stderr, exit 1."""
+"""`python -m engine …`: generate, tokenize, logits, perplexity, make-model, bench, info. Errors: one line on stderr, exit 1."""
 from __future__ import annotations
 
 import argparse
@@ -123,6 +123,27 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_perplexity(args: argparse.Namespace) -> int:
+    from engine.perplexity import perplexity
+
+    with open(args.file, encoding="utf-8") as f:
+        text = f.read()
+    eng = _load(args)
+    tok = eng.tokenizer
+    ids = tok.encode(text, parse_special=False, add_special=True)
+
+    def progress(i: int, n: int, ppl: float) -> None:
+        print(f"chunk {i}/{n}: ppl {ppl:.4f}", file=sys.stderr, flush=True)
+
+    res = perplexity(eng.model, ids, args.ctx, bos_id=tok.bos_id if tok.add_bos else None, progress=progress)
+    if args.json:
+        print(json.dumps(res.to_json()))
+    else:
+        print(f"ppl {res.ppl:.4f} over {res.scored} scored tokens ({res.chunks} chunks of {res.ctx}, "
+              f"{res.tokens} tokens of text) in {res.seconds:.1f} s")
+    return 0
+
+
 def cmd_warm_kernels(args: argparse.Namespace) -> int:
     import tempfile
     from pathlib import Path
@@ -191,6 +212,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tokens of context already in the session before pp and tg (llama-bench's -d)")
     b.add_argument("--json", action="store_true")
     b.set_defaults(func=cmd_bench)
+
+    pp = sub.add_parser("perplexity", help="perplexity of a text file, computed as llama-perplexity does")
+    pp.add_argument("--model", required=True)
+    pp.add_argument("--file", required=True, help="UTF-8 text")
+    pp.add_argument("--ctx", type=int, default=512, help="tokens per chunk; the second half of each is scored")
+    pp.add_argument("--threads", type=int, default=None)
+    pp.add_argument("--json", action="store_true", help='last line {"ppl", "nll", "tokens", "scored", "chunks", ...}')
+    pp.set_defaults(func=cmd_perplexity)
 
     from engine.synthetic.warm_kernels import DEFAULT_WEIGHTS
 

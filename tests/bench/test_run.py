@@ -51,6 +51,24 @@ def test_large_mode_measures_the_4b_and_9b_files_natively_and_nothing_else():
     assert all(p in PRESETS and w in WEIGHT_SCHEMES for p, w in large.runs)
 
 
+def test_real_mode_adds_the_real_model_or_measures_it_alone(tmp_path, monkeypatch):
+    from bench import run
+    from function import real_model
+
+    also = run.plan(run.parse_args(["--real"]))
+    assert also.runs == (("0.8b", "Q4_K_M"), ("0.8b", "Q8_0"), ("real", "Q4_K_M")) and also.agent_rounds == 3
+    only = run.plan(run.parse_args(["--real", "only", "--modes", "native"]))
+    assert only.runs == (("real", "Q4_K_M"),) and only.modes == ("native",)
+    assert only.agent_rounds == 0 and only.constrained_rounds == 0   # those are the factory files' figures
+    # the real model's file: fetched (verified) and linked where make real-model puts it
+    cached = tmp_path / "cache.gguf"
+    cached.write_bytes(b"GGUF")
+    monkeypatch.setattr(run, "ROOT", tmp_path)
+    monkeypatch.setattr(real_model, "fetch", lambda: cached)
+    path = run.model_path("real", "Q4_K_M")
+    assert path == tmp_path / real_model.DEFAULT_OUT and path.read_bytes() == b"GGUF"
+
+
 def test_large_mode_leaves_out_the_slow_figures_and_can_take_a_subset():
     from bench.run import parse_args, plan
 
