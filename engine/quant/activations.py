@@ -187,6 +187,27 @@ def quantize_q8_0(x, q16, d):
             q16[i * 32 + j] = np.int16(np.rint(blk[j] * inv))
 
 
+@njit(cache=True)
+def quantize_q8_1(x, q, d, s):
+    """x (n,) f32 -> q (n,) int8, d (n/32,) f32 and s (n/32,) f32: llama.cpp's quantize_row_q8_1,
+    Q8_0's quants and f16 scale plus s = d * sum(q) rounded to f16, with d = amax/127 before its
+    own rounding (the Q4_1 / Q5_1 products add min * s per block)."""
+    for i in range(x.shape[0] // 32):
+        blk = x[i * 32:(i + 1) * 32]
+        amax = np.float32(0.0)
+        for j in range(32):
+            amax = max(amax, abs(blk[j]))
+        raw = amax / np.float32(127.0)
+        inv = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
+        d[i] = f32_to_half_to_f32(raw)
+        total = 0
+        for j in range(32):
+            v = np.int32(np.rint(blk[j] * inv))
+            q[i * 32 + j] = v
+            total += v
+        s[i] = f32_to_half_to_f32(raw * np.float32(total))
+
+
 def _blocks(x: np.ndarray, size: int, blocks) -> np.ndarray:
     b = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, size)
     out = np.empty_like(b)

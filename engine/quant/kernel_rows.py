@@ -32,6 +32,7 @@ class TileCall(StrEnum):
     PANEL = "panel"          # tile(w, qp, d, xsf, out): activations in the P16 order (Q8KTokens.p16)
     X4 = "x4"                # tile(w4, q, d, out.reshape(-1), rows, *tile_args) over arm/x4.py's layout
     Q8_0 = "q8_0"            # tile(w, xq, xd, out) against Q8_0 activations
+    Q8_1 = "q8_1"            # tile(w, xq, xd, xs, out) against Q8_1 ones (xs: f16(d * sum q) per block)
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class Int8Kernels:
     row_args: tuple = ()
     tile_args: tuple = ()
     q8_0: type | None = None     # Q8_0 activations' dtype (x86's Q8_0 rows take int16); None: Q8_K
+    q8_1: bool = False           # Q8_1 activations: Q8_0's (int8) and each block's s, row(w, xq, xd, xs, out)
     mins_block: int = 0          # Q4_K 144 / Q5_K 176: BLAS does the mins' product first (Q8K_MINS, X4)
     x4: bool = False             # weights repacked 4 rows interleaved (arm/x4.repack_x4)
     every_length: bool = False   # the tile beats dequantize + BLAS at every prompt length (kernels.py)

@@ -29,7 +29,7 @@ from gguf import GGMLQuantizationType as T
 
 from engine.jit import SERIAL_BELOW, serial_twin
 
-from .activations import Q8KTokens, quantize_q8_0, quantize_q8_k, quantize_q8_k_tokens, round_activations
+from .activations import Q8KTokens, quantize_q8_0, quantize_q8_1, quantize_q8_k, quantize_q8_k_tokens, round_activations
 from .arm.tiles import q4_k_mins_x4
 from .arm.x4 import release_pages, repack_x4
 from .float_kernels import prepare_scales
@@ -151,6 +151,7 @@ class MatvecPlan:
             if k.q8_0 is not None:
                 self.xq: np.ndarray = np.empty(cols, k.q8_0)
                 self.xd = np.empty(cols // 32, np.float32)
+                self.xs1 = np.empty(cols // 32 if k.q8_1 else 0, np.float32)
             else:
                 self.xq = np.empty(cols, np.int8)
                 self.xd = np.empty(cols // 256, np.float32)
@@ -188,6 +189,11 @@ class MatvecPlan:
         # (cols is a multiple of the block), so all tokens quantize in one call
         xq = np.zeros(tp * cols, k.q8_0)
         xd = np.zeros(tp * cols // 32, np.float32)
+        if k.q8_1:
+            xs = np.zeros(tp * cols // 32, np.float32)
+            quantize_q8_1(flat, xq[:t * cols], xd[:t * cols // 32], xs[:t * cols // 32])
+            k.tile(self.w, xq, xd, xs, out)
+            return out[:t]
         quantize_q8_0(flat, xq[:t * cols], xd[:t * cols // 32])
         k.tile(self.w, xq, xd, out)
         return out[:t]
@@ -224,6 +230,10 @@ class MatvecPlan:
 
     def __call__(self, x: np.ndarray, out: np.ndarray) -> None:
         k = self.k
+        if k is not None and k.q8_1:
+            quantize_q8_1(x, self.xq, self.xd, self.xs1)
+            self.kernel(self.w, self.xq, self.xd, self.xs1, out)
+            return
         if k is not None and k.q8_0 is not None:
             quantize_q8_0(x, self.xq, self.xd)
             self.kernel(self.w, self.xq, self.xd, out)

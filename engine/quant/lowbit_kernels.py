@@ -38,8 +38,9 @@ from .lowbit import IQ4_LEVELS, iq_grid, ksigns
 from .x86.lowbit import (PANEL_BYTES, PANEL_ROWS, PANEL_SCALES, PANEL_TOKENS, TILE, iq3_s_row_dot, iq3_s_row_dot_tile,
                          iq4_nl_row_dot, iq4_nl_row_dot_tile, iq4_xs_row_dot, iq4_xs_row_dot_tile, iq4_xs_unpack_panel,
                          panel_tile, q2_k_row_dot, q2_k_row_dot_tile, q3_k_row_dot, q3_k_row_dot_tile,
-                         q3_k_unpack_panel, q4_0_row_dot, q4_0_row_dot_tile, q4_k_unpack_panel, q5_0_row_dot,
-                         q5_0_row_dot_tile, q5_k_row_dot, q5_k_row_dot_tile, q5_k_unpack_panel, q6_k_unpack_panel)
+                         q3_k_unpack_panel, q4_0_row_dot, q4_0_row_dot_tile, q4_1_row_dot, q4_1_row_dot_tile,
+                         q4_k_unpack_panel, q5_0_row_dot, q5_0_row_dot_tile, q5_1_row_dot, q5_1_row_dot_tile,
+                         q5_k_row_dot, q5_k_row_dot_tile, q5_k_unpack_panel, q6_k_unpack_panel)
 
 _F32 = np.float32
 _LV = IQ4_LEVELS.astype(np.float32)
@@ -397,11 +398,27 @@ def _mv_q5_0_q8(w, xq, xd, out):
         out[r] = q5_0_row_dot(w[r], nb, xq, xd)
 
 
+@njit(**_MV)
+def _mv_q4_1_q8(w, xq, xd, xs, out):
+    nb = xd.shape[0]
+    for r in prange(w.shape[0]):
+        out[r] = q4_1_row_dot(w[r], nb, xq, xd, xs)
+
+
+@njit(**_MV)
+def _mv_q5_1_q8(w, xq, xd, xs, out):
+    nb = xd.shape[0]
+    for r in prange(w.shape[0]):
+        out[r] = q5_1_row_dot(w[r], nb, xq, xd, xs)
+
+
 MATVEC_INT8 = {T.Q2_K: _mv_q2_k_q8, T.Q3_K: _mv_q3_k_q8, T.IQ4_XS: _mv_iq4_xs_q8, T.IQ3_S: _mv_iq3_s_q8,
                T.IQ4_NL: _mv_iq4_nl_q8, T.Q5_K: _mv_q5_k_q8,  # Q5_K: arm64 has arm/neon.py's instead
-               T.Q4_0: _mv_q4_0_q8, T.Q5_0: _mv_q5_0_q8}
+               T.Q4_0: _mv_q4_0_q8, T.Q5_0: _mv_q5_0_q8, T.Q4_1: _mv_q4_1_q8, T.Q5_1: _mv_q5_1_q8}
 # the formats whose rows and tiles take Q8_0 activations (int8, f32 scale per 32: their vec_dot_type)
+# and Q8_1 ones (the same, with each block's s: llama.cpp's vec_dot_type for Q4_1 and Q5_1)
 Q8_0_ACTIVATIONS = frozenset({T.IQ4_NL, T.Q4_0, T.Q5_0})
+Q8_1_ACTIVATIONS = frozenset({T.Q4_1, T.Q5_1})
 
 
 # Several tokens (x86.lowbit's tiles, TILE tokens per weight block): xq (Tp*cols) int8, xd
@@ -574,8 +591,38 @@ def _mm_q5_0_q8(w, xq, xd, out):
     _q8_0_tile_rows(w, xq, xd, out, 2)
 
 
+@njit(inline="always", cache=True)
+def _q8_1_tile_rows(w, xq, xd, xs, out, kind):
+    """Q4_1's and Q5_1's tiles against Q8_1 activations: xq (Tp*cols) int8, xd and xs (Tp*cols/32)."""
+    tp = out.shape[0]
+    nb = xd.shape[0] // tp
+    cols = nb * 32
+    rows = w.shape[0]
+    for c in prange((rows + _ROW_CHUNK - 1) // _ROW_CHUNK):
+        res = np.empty(TILE, np.float32)
+        for t0 in range(0, tp, TILE):
+            for r in range(c * _ROW_CHUNK, min(rows, (c + 1) * _ROW_CHUNK)):
+                if kind == 0:
+                    q4_1_row_dot_tile(w[r], nb, xq, t0 * cols, cols, xd, t0 * nb, nb, xs, t0 * nb, nb, res)
+                else:
+                    q5_1_row_dot_tile(w[r], nb, xq, t0 * cols, cols, xd, t0 * nb, nb, xs, t0 * nb, nb, res)
+                for t in range(TILE):
+                    out[t0 + t, r] = res[t]
+
+
+@njit(**_MV)
+def _mm_q4_1_q8(w, xq, xd, xs, out):
+    _q8_1_tile_rows(w, xq, xd, xs, out, 0)
+
+
+@njit(**_MV)
+def _mm_q5_1_q8(w, xq, xd, xs, out):
+    _q8_1_tile_rows(w, xq, xd, xs, out, 1)
+
+
 MULTI_TOKEN_INT8 = {T.Q2_K: _mm_q2_k_q8, T.Q3_K: _mm_q3_k_q8, T.IQ4_XS: _mm_iq4_xs_q8, T.IQ3_S: _mm_iq3_s_q8,
-                    T.IQ4_NL: _mm_iq4_nl_q8, T.Q5_K: _mm_q5_k_q8, T.Q4_0: _mm_q4_0_q8, T.Q5_0: _mm_q5_0_q8}
+                    T.IQ4_NL: _mm_iq4_nl_q8, T.Q5_K: _mm_q5_k_q8, T.Q4_0: _mm_q4_0_q8, T.Q5_0: _mm_q5_0_q8,
+                    T.Q4_1: _mm_q4_1_q8, T.Q5_1: _mm_q5_1_q8}
 # The panel tiles (AVX-512 VNNI), which take the activations in the P16 order (Q8KTokens.p16):
 # traits.py gives IQ4_XS's, Q3_K's and Q5_K's to every AVX-512 VNNI core, Q4_K's and Q6_K's
 # where x86/avx512.py's tiles do not win at every prompt length (Intel).

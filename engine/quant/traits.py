@@ -17,13 +17,13 @@ Which file has which format's integer kernels, per level family:
 | levels | formats | rows / tiles | file |
 |---|---|---|---|
 | x86 (avx2 .. avx512vnni) | Q4_K, Q6_K, Q8_0 | int8_dot's rows and tiles, block bodies per level | int8_kernels.py, x86/avx2.py, x86/avx512.py |
-| x86 | Q2_K, Q3_K, Q5_K, IQ4_XS, IQ4_NL, IQ3_S, Q4_0, Q5_0 | AVX2 rows and tiles on every x86 level | lowbit_kernels.py over x86/lowbit.py |
+| x86 | Q2_K, Q3_K, Q5_K, IQ4_XS, IQ4_NL, IQ3_S, Q4_0, Q5_0, Q4_1, Q5_1 | AVX2 rows and tiles on every x86 level | lowbit_kernels.py over x86/lowbit.py |
 | avx512vnni | IQ4_XS, Q3_K, Q5_K (and Q4_K, Q6_K off Zen) | 512-bit `vpdpbusd` panel tiles, every prompt length | lowbit_kernels.PANEL |
 | neon-dotprod, neon-i8mm | Q4_K, Q6_K | x4 layout (4 rows interleaved): `sdot` rows, `sdot` / `smmla` tiles | arm/x4.py, arm/tiles.py |
 | neon-dotprod, neon-i8mm | Q5_K, Q8_0 | `sdot` rows; tiles `sdot`, `smmla` on i8mm | int8_kernels.py over arm/neon.py, arm/tiles.py |
 | neon-dotprod, neon-i8mm | Q2_K, Q3_K, IQ4_XS, IQ4_NL, IQ3_S | `sdot` rows and tiles | arm/lowbit.py |
 
-IQ3_XXS, Q4_1 and Q5_1 have float rows only, as Q4_0 and Q5_0 on arm64.
+IQ3_XXS has float rows only, as Q4_0, Q4_1, Q5_0 and Q5_1 on arm64.
 """
 from __future__ import annotations
 
@@ -90,9 +90,11 @@ def _x86_rows(t: paths.Target) -> dict[T, Int8Kernels]:
     # the low-bit formats' rows and tiles: AVX2 instructions on every x86 level (decode is bound
     # by the weight stream, not the multiplies), named avx2-int8
     for qt, row in LB.MATVEC_INT8.items():
-        q8_0 = np.int8 if qt in LB.Q8_0_ACTIVATIONS else None
-        rows[qt] = Int8Kernels(row, LB.MULTI_TOKEN_INT8[qt], TileCall.Q8_0 if q8_0 else TileCall.Q8K, Level.AVX2,
-                               "avx2-int8", q8_0=q8_0, every_length=wide)
+        q8_1 = qt in LB.Q8_1_ACTIVATIONS
+        q8_0 = np.int8 if qt in LB.Q8_0_ACTIVATIONS or q8_1 else None
+        call = TileCall.Q8_1 if q8_1 else TileCall.Q8_0 if q8_0 else TileCall.Q8K
+        rows[qt] = Int8Kernels(row, LB.MULTI_TOKEN_INT8[qt], call, Level.AVX2, "avx2-int8", q8_0=q8_0, q8_1=q8_1,
+                               every_length=wide)
     if t.level == Level.AVX512VNNI:
         panels = set(LB.PANEL) - ({T.Q4_K, T.Q6_K} if wide else set())  # Zen keeps x86/avx512.py's K tiles
         for qt in panels:

@@ -8,6 +8,8 @@ PARITY_MODELS: list[tuple[str, str, int]] = [
     ("tiny", "F32", 0), ("tiny", "Q8_0", 0), ("tiny", "Q4_K_M", 0),
     # the dense families (engine/models/qwen2.py): Q5_0 is most of the real Qwen2.5 file's matrices
     ("tiny-qwen2", "F32", 0), ("tiny-qwen2", "Q4_K_M", 0), ("tiny-qwen2", "Q5_0", 0),
+    # the other legacy formats on their integer rows (x86): Q4_1 / Q5_1 against Q8_1 activations
+    ("tiny-qwen2", "Q4_0", 0), ("tiny-qwen2", "Q4_1", 0), ("tiny-qwen2", "Q5_1", 0),
     ("tiny-qwen3", "F32", 0), ("tiny-qwen3", "Q8_0", 0),
 ]
 

@@ -108,6 +108,10 @@ def test_matvec_close_to_reference(qtype, rows):
     W64 = W.astype(np.float64)
     xr = round_activations(x, qtype).astype(np.float64)  # what llama.cpp multiplies by
     ref = W64 @ xr
+    if qtype in (T.Q4_1, T.Q5_1) and K.has_int8_kernels(qtype):
+        # the integer rows add each block's min times Q8_1's f16-rounded sum, as llama.cpp does
+        from tests.engine.test_quant_lowbit import _exact
+        ref = _exact(W64, raw, qtype, x[None])[0]
     scale = np.abs(W64) @ np.abs(xr)
     assert np.all(np.abs(out - ref) <= RTOL * scale + 1e-30), np.max(np.abs(out - ref) / scale)
 
@@ -192,9 +196,9 @@ def test_multi_token_kernel_checks_its_activations(int8_here):
 
 
 def test_multi_token_kernel_is_refused_where_there_is_none():
-    raw, _ = _matrix(T.Q4_1, 4, 256, 0)   # Q4_1 has float rows only (as IQ3_XXS)
+    raw = np.zeros((4, F.row_bytes(T.IQ3_XXS, 256)), np.uint8)   # IQ3_XXS has float rows only
     with pytest.raises(ValueError, match="no multi-token integer kernel"):
-        K.MatvecPlan(T.Q4_1, raw, 4, 256).tokens(np.zeros((2, 256), np.float32))
+        K.MatvecPlan(T.IQ3_XXS, raw, 4, 256).tokens(np.zeros((2, 256), np.float32))
 
 
 def test_q8_0_integer_activations_are_the_rounded_activations():

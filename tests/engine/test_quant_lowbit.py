@@ -16,7 +16,7 @@ from engine.quant.activations import activation_format, round_activations
 LOWBIT = [T.Q2_K, T.Q3_K, T.IQ4_NL, T.IQ4_XS, T.IQ3_S, T.IQ3_XXS]
 # byte offsets of f16 fields in each block
 F16_FIELDS = {T.Q5_K: [0, 2], T.Q2_K: [80, 82], T.Q3_K: [108], T.IQ4_NL: [0], T.IQ4_XS: [0], T.IQ3_S: [0], T.IQ3_XXS: [0],
-              T.Q4_0: [0], T.Q5_0: [0]}
+              T.Q4_0: [0], T.Q5_0: [0], T.Q4_1: [0, 2], T.Q5_1: [0, 2]}
 # RMS(error) / RMS(values) of our encoders on N(0, 1) (measured 0.278, 0.153, 0.077, 0.079, 0.137, 0.198)
 RMS_BOUND = {T.Q2_K: 0.30, T.Q3_K: 0.17, T.IQ4_NL: 0.085, T.IQ4_XS: 0.088, T.IQ3_S: 0.15, T.IQ3_XXS: 0.21}
 ACTIVATIONS = {T.Q2_K: "q8_k", T.Q3_K: "q8_k", T.IQ4_NL: "q8_0", T.IQ4_XS: "q8_k", T.IQ3_S: "q8_k",
@@ -102,14 +102,34 @@ def test_decode_rows_match_exact_product(qtype, rows):
     assert np.all(np.abs(out - ref) <= bound), np.max(np.abs(out - ref) / bound)
 
 
-# x86/lowbit.py's integer rows and tiles (Q5_K: the Q3_K_M / IQ4_XS mixes' other type; Q4_0 and
-# Q5_0: the legacy 32-value formats, Q5_0 most of the real Qwen2.5 file)
-X86_INT8 = [T.Q2_K, T.Q3_K, T.IQ4_XS, T.IQ4_NL, T.IQ3_S, T.Q5_K, T.Q4_0, T.Q5_0]
+# x86/lowbit.py's integer rows and tiles (Q5_K: the Q3_K_M / IQ4_XS mixes' other type; Q4_0,
+# Q5_0, Q4_1, Q5_1: the legacy 32-value formats, Q5_0 most of the real Qwen2.5 file)
+X86_INT8 = [T.Q2_K, T.Q3_K, T.IQ4_XS, T.IQ4_NL, T.IQ3_S, T.Q5_K, T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1]
+Q8_1 = (T.Q4_1, T.Q5_1)
+
+
+def _exact(w: np.ndarray, raw: np.ndarray, qtype, x: np.ndarray) -> np.ndarray:
+    """The product llama.cpp computes, in float64: w @ the rounded activations, and for Q4_1 /
+    Q5_1 each block's min times Q8_1's s, the activation block's sum rounded to f16 (d * sum q,
+    d before its own rounding) instead of its exact sum."""
+    xr = round_activations(x, qtype).astype(np.float64)
+    out = xr @ w.T
+    if qtype in Q8_1:
+        blocks = raw.reshape(raw.shape[0], -1, F.get_format(qtype).type_size)
+        m = blocks[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float64)
+        xb = np.asarray(x, np.float32).reshape(x.shape[0], -1, 32)
+        amax = np.abs(xb).max(axis=2)
+        raw_d = (amax / np.float32(127)).astype(np.float32)
+        inv = np.where(amax != 0, np.float32(127) / np.where(amax != 0, amax, 1), 0).astype(np.float32)
+        q = np.rint(xb * inv[..., None])
+        s = (raw_d * q.sum(axis=2).astype(np.float32)).astype(np.float16).astype(np.float64)
+        out += (s - xr.reshape(x.shape[0], -1, 32).sum(axis=2)) @ m.T
+    return out
 x86_int8 = pytest.mark.skipif(not paths.target().level.is_x86_int8,
                               reason="the low-bit integer rows are x86 code (AVX2 and up)")
 
 
-@pytest.mark.parametrize("qtype", LOWBIT + [T.Q4_0, T.Q5_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", LOWBIT + [T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1], ids=lambda t: t.name)
 def test_path_chooser_names_the_paths(qtype):
     # integer decode rows on x86 (AVX2 instructions on every level) for five of the formats;
     # IQ3_XXS and every format on arm64 decode with float rows; prefill is dequantize + BLAS
@@ -148,7 +168,7 @@ def test_integer_decode_rows_match_the_exact_product(qtype, rows):
         out = np.full(rows, np.nan, np.float32)
         plan(x, out)
         xr = round_activations(x[None], qtype)[0].astype(np.float64)
-        ref = w @ xr
+        ref = _exact(w, raw, qtype, x[None])[0]
         bound = 2e-6 * (np.abs(w) @ np.abs(xr)) + 1e-30
         assert np.all(np.abs(out - ref) <= bound), np.max(np.abs(out - ref) / bound)
 
@@ -169,8 +189,9 @@ def test_integer_tiles_match_the_exact_product(qtype, rows, cols):
         got = plan.tokens(x)
         assert got.shape == (t, rows)
         xr = round_activations(x, qtype).astype(np.float64)
+        ref = _exact(w, raw, qtype, x)
         bound = 2e-6 * (np.abs(xr) @ np.abs(w).T) + 1e-30
-        assert np.all(np.abs(got - xr @ w.T) <= bound), (t, np.max(np.abs(got - xr @ w.T) / bound))
+        assert np.all(np.abs(got - ref) <= bound), (t, np.max(np.abs(got - ref) / bound))
 
 
 @x86_int8

@@ -82,7 +82,7 @@ for qt in (T.Q4_K, T.Q6_K, T.Q8_0):
         worst = max(worst, float(np.max(np.abs(got - ref) / (RTOL * scale + 1e-30))))
     res["errors"][qt.name] = worst
 # the low-bit formats' rows and tiles (x86/lowbit.py: the same AVX2 code compiled for every level)
-from tests.engine.test_quant_lowbit import X86_INT8, _random_blocks as _lowbit_blocks
+from tests.engine.test_quant_lowbit import X86_INT8, _exact, _random_blocks as _lowbit_blocks
 for qt in X86_INT8:
     rows, cols = 24, 512
     raw = _lowbit_blocks(qt, rows, cols, 12)
@@ -98,7 +98,8 @@ for qt in X86_INT8:
         else:
             got = plan.tokens(x)
         xr = round_activations(x, qt).astype(np.float64)
-        worst = max(worst, float(np.max(np.abs(got - xr @ W.T) / (RTOL * (np.abs(xr) @ np.abs(W).T) + 1e-30))))
+        ref = _exact(W, raw, qt, x)   # Q4_1 / Q5_1: with Q8_1's f16-rounded block sums, as llama.cpp
+        worst = max(worst, float(np.max(np.abs(got - ref) / (RTOL * (np.abs(xr) @ np.abs(W).T) + 1e-30))))
     res["errors"][qt.name] = worst
 # IQ4_XS's, Q3_K's and Q5_K's tiles: 512-bit vpdpbusd at avx512vnni only (x86/lowbit.py), AVX2 elsewhere
 res["vnni512_tiles"] = {qt.name: "vpdpbusd" in "\n".join(asm_of(traits.int8_row(qt).tile)) for qt in (T.IQ4_XS, T.Q3_K, T.Q5_K)}

@@ -1,7 +1,7 @@
 """Integer rows and tiles for the smaller downloads' formats on x86 (AVX2 and up), in x86 intrinsics.
 
 Q2_K, Q3_K, Q5_K (the Q3_K_M / IQ4_XS mixes' attn_v and ffn_down), IQ4_XS and IQ3_S times Q8_K activations, IQ4_NL and
-the legacy Q4_0 and Q5_0 times Q8_0 activations (int8 +
+the legacy Q4_0 and Q5_0 times Q8_0 activations, Q4_1 and Q5_1 times Q8_1 (Q8_0's plus s = f16(d·Σq) per block) (int8 +
 f32 scale per 32, `activations.quantize_q8_0` into an int8 array): llama.cpp's AVX2 scheme
 (ggml-cpu/arch/x86/quants.c), one 256-bit vector per run of 32 weights, an <8 x float>
 accumulator carried across the row and one horizontal sum per row (int8_dot.row_codegen).
@@ -22,6 +22,8 @@ at every prompt length on that level (traits.py).
   (|level| <= 127, |x| <= 127: a pair sum is at most 32258, no saturation).
 * Q4_0, Q5_0: nibbles (Q5_0: and a fifth bit from qh, expanded as IQ3_S's signs are) less 8 /
   16, signed, then as IQ4_NL (llama.cpp's ggml_vec_dot_q4_0_q8_0 / q5_0_q8_0).
+* Q4_1, Q5_1: unsigned nibbles (Q5_1: and the fifth bit) straight into `vpmaddubsw`; the min
+  times the activation block's s is added per block, as llama.cpp's q4_1_q8_1 does.
 * IQ3_S: 8 grid rows (4 unsigned bytes each, 1..15) gathered per 32 values from the 512-entry
   lattice (passed in as a uint32 array), the 32 sign bits expanded to byte masks with `vpshufb`
   + compare and applied to the activations ((x ^ m) - m).
@@ -129,6 +131,7 @@ class _Block:
     d: ir.Value
     by_sums: ir.Value | None = None
     dmin: ir.Value | None = None
+    m: ir.Value | None = None       # Q4_1 / Q5_1's min, times the Q8_1 block's s (f32 at xs)
 
 
 def _token_dot(row, blk: _Block, i, t: int, values_per_block: int, accs) -> None:
@@ -150,6 +153,11 @@ def _token_dot(row, blk: _Block, i, t: int, values_per_block: int, accs) -> None
     accumulate(b, accs[t], isum, b.fmul(blk.d, xd))
     if blk.dmin is not None:
         accumulate(b, accs[t], _madd(b, sums, blk.by_sums), b.fsub(ir.Constant(F32, 0.0), b.fmul(blk.dmin, xd)))
+    if blk.m is not None:
+        # m * s, s = f16(d * sum q) per Q8_1 block (llama.cpp's y.s), into lane 0 of the accumulator
+        s = row.load("xs", b.add(row.offset("so", "sstride", t), i), F32)
+        term = b.insert_element(ir.Constant(vec(F32, 8), [0.0] * 8), b.fmul(blk.m, s), ir.Constant(I32, 0))
+        b.store(b.fadd(b.load(accs[t]), term), accs[t])
 
 
 def _signed_run(b, w, scales) -> _Run:
@@ -326,6 +334,29 @@ def _q5_0_unpack(row, i) -> _Block:
     return _Block([_signed_run(b, w, ir.Constant(W16, _ONES16))], row.half(p))
 
 
+def _q4_1_unpack(row, i) -> _Block:
+    # 20 bytes per 32 values: d f16, m f16, 16 bytes of nibbles; value = d * nibble + m. The
+    # nibbles are unsigned: `vpmaddubsw` takes them as they are; m goes through the block's s.
+    b = row.b
+    p = b.mul(i, _c64(20))
+    prefetch(row, p, 20)
+    w = _nibbles32(b, row.load("row", b.add(p, _c64(4)), vec(I8, 16), align=1))
+    return _Block([_Run(w, ir.Constant(W16, _ONES16))], row.half(p), m=row.half(b.add(p, _c64(2))))
+
+
+def _q5_1_unpack(row, i) -> _Block:
+    # 24 bytes per 32 values: d f16, m f16, qh 4 bytes, 16 bytes of nibbles; value = d * (nibble |
+    # bit << 4) + m, the bits expanded as Q5_0's
+    b = row.b
+    p = b.mul(i, _c64(24))
+    prefetch(row, p, 24)
+    qh = b.bitcast(_splat_i32(b, row.load("row", b.add(p, _c64(4)), I32, align=1)), V8)
+    bits = b.and_(_pshufb(b, qh, _bytes(_SIGN_BYTE)), _bytes(_SIGN_BIT))
+    high = b.and_(b.sext(b.icmp_unsigned("==", bits, _bytes(_SIGN_BIT)), V8), _bytes(16))
+    w = b.or_(_nibbles32(b, row.load("row", b.add(p, _c64(8)), vec(I8, 16), align=1)), high)
+    return _Block([_Run(w, ir.Constant(W16, _ONES16))], row.half(p), m=row.half(b.add(p, _c64(2))))
+
+
 def _block(unpack, values_per_block: int = 256):
     """int8_dot.row_codegen's block body: unpack block i once, then each token's products
     (runs outer, tokens inner in x86/avx2.py's tiles; here the runs of a block are few enough
@@ -348,6 +379,7 @@ def _x86_only(name: str) -> None:
 _Q8K_ROW = ("row", "nb", "xq", "xd", "xs")
 _IQ3_S_ROW = ("row", "nb", "xq", "xd", "grid")
 _Q8_0_ROW = ("row", "nb", "xq", "xd")
+_Q8_1_ROW = ("row", "nb", "xq", "xd", "xs")
 
 
 @intrinsic
@@ -408,6 +440,21 @@ def q5_0_row_dot(typingctx, row, nb, xq, xd):
     return types.float32(row, nb, xq, xd), row_codegen(_Q8_0_ROW, 1, _block(_q5_0_unpack, 32))
 
 
+@intrinsic
+def q4_1_row_dot(typingctx, row, nb, xq, xd, xs):
+    """The Q4_1 row (nb blocks of 32) times one token's Q8_1 activations (xq int8, xd f32 and xs
+    f32 = f16(d * sum q) per 32 values), as float32."""
+    _x86_only("Q4_1")
+    return types.float32(row, nb, xq, xd, xs), row_codegen(_Q8_1_ROW, 1, _block(_q4_1_unpack, 32))
+
+
+@intrinsic
+def q5_1_row_dot(typingctx, row, nb, xq, xd, xs):
+    """`q4_1_row_dot` for a Q5_1 row."""
+    _x86_only("Q5_1")
+    return types.float32(row, nb, xq, xd, xs), row_codegen(_Q8_1_ROW, 1, _block(_q5_1_unpack, 32))
+
+
 # Several tokens per weight block (a prefill's products): the block is unpacked once for TILE
 # tokens; token t's activations at xq[xo + t*xstride:], block scales at xd[do + t*dstride:],
 # sums at xs[so + t*sstride:], results to res[t]. One signature for the four Q8_K formats
@@ -415,6 +462,7 @@ def q5_0_row_dot(typingctx, row, nb, xq, xd):
 TILE = WIDE_TILE  # the K formats' tile: one Q8KTokens quantization serves all of a layer's products
 _Q8K_TILE = ("row", "nb", "xq", "xo", "xstride", "xd", "do", "dstride", "xs", "so", "sstride", "res", "grid")
 _Q8_0_TILE = ("row", "nb", "xq", "xo", "xstride", "xd", "do", "dstride", "res")
+_Q8_1_TILE = ("row", "nb", "xq", "xo", "xstride", "xd", "do", "dstride", "xs", "so", "sstride", "res")
 _Q8K_UNPACK = {"Q2_K": _q2_k_unpack, "Q3_K": _q3_k_unpack, "IQ4_XS": _iq4_xs_unpack, "IQ3_S": _iq3_s_unpack,
                "Q5_K": _q5_k_unpack}
 
@@ -476,6 +524,22 @@ def q5_0_row_dot_tile(typingctx, row, nb, xq, xo, xstride, xd, do, dstride, res)
     _x86_only("Q5_0")
     sig = types.void(row, nb, xq, xo, xstride, xd, do, dstride, res)
     return sig, row_codegen(_Q8_0_TILE, TILE, _block(_q5_0_unpack, 32))
+
+
+@intrinsic
+def q4_1_row_dot_tile(typingctx, row, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res):
+    """res[t] = the Q4_1 row times token t's Q8_1 activations for t < TILE."""
+    _x86_only("Q4_1")
+    sig = types.void(row, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res)
+    return sig, row_codegen(_Q8_1_TILE, TILE, _block(_q4_1_unpack, 32))
+
+
+@intrinsic
+def q5_1_row_dot_tile(typingctx, row, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res):
+    """`q4_1_row_dot_tile` for a Q5_1 row."""
+    _x86_only("Q5_1")
+    sig = types.void(row, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res)
+    return sig, row_codegen(_Q8_1_TILE, TILE, _block(_q5_1_unpack, 32))
 
 
 # AVX-512 VNNI's `vpdpbusd` multiplies unsigned weights by signed activations, so IQ4_XS's
