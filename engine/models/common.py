@@ -1,16 +1,18 @@
-"""What every model file shares: reading its tensors with their shapes checked, the checks a
-forward makes of its tokens and capture positions, and the head over the final norm."""
+"""What every model file shares: reading its tensors with their shapes checked, an empty
+attention layer's state, the checks a forward makes of its tokens and capture positions, the
+attention cache's append + causal attention, and the head over the final norm."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from engine import attention
 from engine.errors import ModelLoadError
 from engine.gguf_file import GGUFFile
-from engine.state import AttentionState
+from engine.ops import rms_norm
+from engine.state import AttentionState, State
 from engine.weights import Linear, ScratchBuffer, vector
 
 
@@ -38,6 +40,32 @@ class Tensors:
         return self.f.has_tensor(name)
 
 
+Hook = Callable[[str, int, np.ndarray], None]
+
+
+class CapturingForward:
+    """`forward` as `forward_capturing` with nothing captured (each model defines the latter)."""
+
+    def forward_capturing(self, tokens: np.ndarray, state: State, capture: Sequence[int], *,
+                          logits: str = "last", hook: Hook | None = None
+                          ) -> tuple[np.ndarray | None, dict[int, State]]:
+        raise NotImplementedError
+
+    def forward(self, tokens: np.ndarray, state: State, *, logits: str = "last",
+                hook: Hook | None = None) -> np.ndarray | None:
+        """Run T new tokens through every layer as one batch, advancing `state` in place.
+
+        logits: "last" → (n_vocab,) for the last position; "all" → (T, n_vocab); "none" → None.
+        """
+        return self.forward_capturing(tokens, state, (), logits=logits, hook=hook)[0]
+
+
+def empty_attention(n_head_kv: int, head_dim: int) -> AttentionState:
+    """An attention layer's state before any token: K and V of no positions."""
+    empty = np.zeros((n_head_kv, 0, head_dim), dtype=np.float32)
+    return AttentionState(empty, empty.copy())
+
+
 def n_vocab(f: GGUFFile) -> int:
     """The vocabulary size: the tokenizer's token list, else the embedding's rows."""
     tokens = f.get("tokenizer.ggml.tokens")
@@ -57,6 +85,21 @@ def check_forward(tokens: np.ndarray, start: int, capture: Sequence[int], n_voca
         bad = int(tokens[(tokens < 0) | (tokens >= n_vocab)][0])
         raise ValueError(f"token id {bad} is outside the vocabulary (0..{n_vocab - 1})")
     return tokens, positions
+
+
+def output_logits(x: np.ndarray, norm: np.ndarray, output: Linear, eps: float, logits: str,
+                  hook: Hook | None) -> np.ndarray | None:
+    """The final RMS norm and the head over the last layer's output `x` (T, n_embd): logits "last"
+    (n_vocab,), "all" (T, n_vocab) or "none" (None, no work)."""
+    if logits == "none":
+        return None
+    if logits == "last":
+        x = x[-1:]
+    h = rms_norm(x, norm, eps)
+    if hook:
+        hook("result_norm", -1, h)
+    out = lm_head(output, h)
+    return out[0] if logits == "last" else out
 
 
 def lm_head(output: Linear, h: np.ndarray) -> np.ndarray:

@@ -27,7 +27,7 @@ from engine.ops import rms_norm, silu_mul
 from engine.state import AttentionState, LayerState, State
 from engine.weights import Linear, ScratchBuffer
 
-from .common import Tensors, attend, check_forward, lm_head, n_vocab
+from .common import CapturingForward, Tensors, attend, check_forward, empty_attention, n_vocab, output_logits
 
 QWEN2, QWEN3 = "qwen2", "qwen3"
 ARCHS = (QWEN2, QWEN3)
@@ -114,7 +114,7 @@ class LayerWeights:
     ffn_down: Linear
 
 
-class Qwen2:
+class Qwen2(CapturingForward):
     """The model: weights (views into the mmap) and the forward over a State."""
 
     def __init__(self, f: GGUFFile) -> None:
@@ -165,19 +165,10 @@ class Qwen2:
         cfg = self.config
         layers: list[LayerState] = []
         for _ in range(cfg.n_layer):
-            empty = np.zeros((cfg.n_head_kv, 0, cfg.head_dim), dtype=np.float32)
-            layers.append(AttentionState(empty, empty.copy()))
+            layers.append(empty_attention(cfg.n_head_kv, cfg.head_dim))
         return State(0, layers)
 
     # ---- forward -------------------------------------------------------------------------
-
-    def forward(self, tokens: np.ndarray, state: State, *, logits: str = "last",
-                hook: Hook | None = None) -> np.ndarray | None:
-        """Run T new tokens through every layer as one batch, advancing `state` in place.
-
-        logits: "last" → (n_vocab,) for the last position; "all" → (T, n_vocab); "none" → None.
-        """
-        return self.forward_capturing(tokens, state, (), logits=logits, hook=hook)[0]
 
     def forward_capturing(self, tokens: np.ndarray, state: State, capture: Sequence[int], *,
                           logits: str = "last", hook: Hook | None = None
@@ -212,15 +203,7 @@ class Qwen2:
         self.scratch.forget()
         state.n_tokens = start + tokens.size
         states = {p: State(p, [layer.copy(p) for layer in state.layers]) for p in capture}
-        if logits == "none":
-            return None, states
-        if logits == "last":
-            x = x[-1:]
-        h = rms_norm(x, self.output_norm, cfg.rms_eps)
-        if hook:
-            hook("result_norm", -1, h)
-        out = lm_head(self.output, h)
-        return (out[0] if logits == "last" else out), states
+        return output_logits(x, self.output_norm, self.output, cfg.rms_eps, logits, hook), states
 
     def _attention(self, w: AttentionWeights, x: np.ndarray, st: AttentionState, start: int, il: int,
                    hook: Hook | None, rope: tuple[np.ndarray, np.ndarray]) -> np.ndarray:

@@ -23,7 +23,7 @@ from engine.ops import rms_norm, sigmoid, silu, silu_mul, softplus
 from engine.state import AttentionState, DeltaNetState, LayerState, State
 from engine.weights import Linear, ScratchBuffer
 
-from .common import Tensors, attend, check_forward, lm_head, n_vocab
+from .common import CapturingForward, Tensors, attend, check_forward, empty_attention, n_vocab, output_logits
 
 ARCH = "qwen35"
 Hook = Callable[[str, int, np.ndarray], None]
@@ -146,7 +146,7 @@ class LayerWeights:
     ffn_down: Linear
 
 
-class Qwen35:
+class Qwen35(CapturingForward):
     """The model: weights (views into the mmap) and the forward over a State."""
 
     def __init__(self, f: GGUFFile) -> None:
@@ -213,19 +213,10 @@ class Qwen35:
                     S=np.zeros((cfg.n_v_heads, cfg.d_state, cfg.d_state), dtype=np.float32),
                 ))
             else:
-                empty = np.zeros((cfg.n_head_kv, 0, cfg.head_dim), dtype=np.float32)
-                layers.append(AttentionState(empty, empty.copy()))
+                layers.append(empty_attention(cfg.n_head_kv, cfg.head_dim))
         return State(0, layers)
 
     # ---- forward -------------------------------------------------------------------------
-
-    def forward(self, tokens: np.ndarray, state: State, *, logits: str = "last",
-                hook: Hook | None = None) -> np.ndarray | None:
-        """Run T new tokens through every layer as one batch, advancing `state` in place.
-
-        logits: "last" → (n_vocab,) for the last position; "all" → (T, n_vocab); "none" → None.
-        """
-        return self.forward_capturing(tokens, state, (), logits=logits, hook=hook)[0]
 
     def forward_capturing(self, tokens: np.ndarray, state: State, capture: Sequence[int], *,
                           logits: str = "last", hook: Hook | None = None
@@ -268,15 +259,7 @@ class Qwen35:
         states = {p: State(p, [captured[il][c] if il in captured else layer.copy(p)
                                for il, layer in enumerate(state.layers)])
                   for c, p in enumerate(capture)}
-        if logits == "none":
-            return None, states
-        if logits == "last":
-            x = x[-1:]
-        h = rms_norm(x, self.output_norm, cfg.rms_eps)
-        if hook:
-            hook("result_norm", -1, h)
-        out = lm_head(self.output, h)
-        return (out[0] if logits == "last" else out), states
+        return output_logits(x, self.output_norm, self.output, cfg.rms_eps, logits, hook), states
 
     def _deltanet(self, w: DeltaNetWeights, x: np.ndarray, st: DeltaNetState, il: int,
                   hook: Hook | None, capture: Sequence[int] = ()) -> tuple[np.ndarray, list[DeltaNetState]]:
