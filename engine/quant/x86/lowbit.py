@@ -102,11 +102,7 @@ def _levels_table():
 
 def _iq4_lookup(b, q16):
     """16 packed bytes -> their 32 signed levels: low nibbles (values 0-15) then high (16-31)."""
-    m4 = ir.Constant(vec(I8, 16), [15] * 16)
-    lo = b.and_(q16, m4)
-    hi = b.and_(b.lshr(q16, ir.Constant(vec(I8, 16), [4] * 16)), m4)
-    idx = b.shuffle_vector(lo, hi, ir.Constant(vec(I32, 32), list(range(32))))
-    return _pshufb(b, _levels_table(), idx)
+    return _pshufb(b, _levels_table(), _nibbles32(b, q16))
 
 
 @dataclass
@@ -310,6 +306,15 @@ def _nibbles32(b, q16):
 _ONES16 = [1] * 16
 
 
+def _fifth_bits(row, at):
+    """The 32-bit qh word at byte `at` of the row as 32 bytes, 16 where value j's bit is set (bit j):
+    `vpshufb` of the broadcast word picks byte j // 8, a compare with 1 << j % 8 tests the bit."""
+    b = row.b
+    qh = b.bitcast(_splat_i32(b, row.load("row", at, I32, align=1)), V8)
+    bits = b.and_(_pshufb(b, qh, _bytes(_SIGN_BYTE)), _bytes(_SIGN_BIT))
+    return b.and_(b.sext(b.icmp_unsigned("==", bits, _bytes(_SIGN_BIT)), V8), _bytes(16))
+
+
 def _q4_0_unpack(row, i) -> _Block:
     # 18 bytes per 32 values: d f16, 16 bytes of nibbles; value = nibble - 8 (Q8_0 activations)
     b = row.b
@@ -321,14 +326,11 @@ def _q4_0_unpack(row, i) -> _Block:
 
 def _q5_0_unpack(row, i) -> _Block:
     # 22 bytes per 32 values: d f16, qh 4 bytes (bit j: value j's fifth bit), 16 bytes of nibbles;
-    # value = (nibble | bit << 4) - 16. The bits become bytes as IQ3_S's signs do: `vpshufb` of
-    # the broadcast word picks byte j // 8 for value j, a compare with 1 << j % 8 tests the bit.
+    # value = (nibble | bit << 4) - 16, the bits made bytes as IQ3_S's signs are (_fifth_bits)
     b = row.b
     p = b.mul(i, _c64(22))
     prefetch(row, p, 22)
-    qh = b.bitcast(_splat_i32(b, row.load("row", b.add(p, _c64(2)), I32, align=1)), V8)
-    bits = b.and_(_pshufb(b, qh, _bytes(_SIGN_BYTE)), _bytes(_SIGN_BIT))
-    high = b.and_(b.sext(b.icmp_unsigned("==", bits, _bytes(_SIGN_BIT)), V8), _bytes(16))
+    high = _fifth_bits(row, b.add(p, _c64(2)))
     q = _nibbles32(b, row.load("row", b.add(p, _c64(6)), vec(I8, 16), align=1))
     w = b.sub(b.or_(q, high), _bytes(16))
     return _Block([_signed_run(b, w, ir.Constant(W16, _ONES16))], row.half(p))
@@ -350,9 +352,7 @@ def _q5_1_unpack(row, i) -> _Block:
     b = row.b
     p = b.mul(i, _c64(24))
     prefetch(row, p, 24)
-    qh = b.bitcast(_splat_i32(b, row.load("row", b.add(p, _c64(4)), I32, align=1)), V8)
-    bits = b.and_(_pshufb(b, qh, _bytes(_SIGN_BYTE)), _bytes(_SIGN_BIT))
-    high = b.and_(b.sext(b.icmp_unsigned("==", bits, _bytes(_SIGN_BIT)), V8), _bytes(16))
+    high = _fifth_bits(row, b.add(p, _c64(4)))
     w = b.or_(_nibbles32(b, row.load("row", b.add(p, _c64(8)), vec(I8, 16), align=1)), high)
     return _Block([_Run(w, ir.Constant(W16, _ONES16))], row.half(p), m=row.half(b.add(p, _c64(2))))
 
