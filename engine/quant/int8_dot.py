@@ -301,10 +301,29 @@ def half_at(context, builder, aty, aval, index, lane: int = 0):
     # merging into whatever register LLVM chose for the unused lanes — the float accumulator —
     # so each block's scale waited for the previous block's FMA (a ~25-cycle chain per Q8_0
     # block: 3.3 GB/s against 13 on AVX-512 at 3584x1024, one thread, Emerald Rapids).
+    # The load is volatile: where only one lane is used LLVM otherwise narrows it to one f16,
+    # `vpinsrw $0, mem, %xmm0` merged into an undefined register it may take from the float
+    # accumulator, the same chain (Q5_0 3584x896 rows, one thread, Zen 3: 7.3 GB/s).
     start = builder.sub(index, ir.Constant(index.type, 2 * lane)) if lane else index
     ptr = array_ptr(context, builder, aty, aval, start, vec(I16, 4))
-    halves = builder.bitcast(builder.load(ptr, align=1), ir.VectorType(ir.HalfType(), 4))
+    halves = builder.bitcast(_volatile_load(builder, ptr, 1), ir.VectorType(ir.HalfType(), 4))
     return builder.extract_element(builder.fpext(halves, vec(F32, 4)), ir.Constant(I32, lane))
+
+
+class _VolatileLoad(ir.LoadInstr):
+    """`load volatile` (llvmlite's builder has no flag for it): LLVM keeps its width and count."""
+
+    def descr(self, buf):
+        plain: list[str] = []
+        super().descr(plain)
+        buf.append(plain[0].replace("load ", "load volatile ", 1))
+
+
+def _volatile_load(builder, ptr, align: int):
+    ld = _VolatileLoad(builder.block, ptr, typ=ptr.type.pointee if not ptr.type.is_opaque else None)
+    ld.align = align
+    builder._insert(ld)
+    return ld
 
 
 _K_ROW = ("row", "nb", "xq", "xd", "xs", "knobs")
