@@ -21,9 +21,9 @@ Which file has which format's integer kernels, per level family:
 | avx512vnni | IQ4_XS, Q3_K, Q5_K (and Q4_K, Q6_K off Zen) | 512-bit `vpdpbusd` panel tiles, every prompt length | lowbit_kernels.PANEL |
 | neon-dotprod, neon-i8mm | Q4_K, Q6_K | x4 layout (4 rows interleaved): `sdot` rows, `sdot` / `smmla` tiles | arm/x4.py, arm/tiles.py |
 | neon-dotprod, neon-i8mm | Q5_K, Q8_0 | `sdot` rows; tiles `sdot`, `smmla` on i8mm | int8_kernels.py over arm/neon.py, arm/tiles.py |
-| neon-dotprod, neon-i8mm | Q2_K, Q3_K, IQ4_XS, IQ4_NL, IQ3_S | `sdot` rows and tiles | arm/lowbit.py |
+| neon-dotprod, neon-i8mm | Q2_K, Q3_K, IQ4_XS, IQ4_NL, IQ3_S, Q4_0, Q5_0, Q4_1, Q5_1 | `sdot` rows and tiles | arm/lowbit.py |
 
-IQ3_XXS has float rows only, as Q4_0, Q4_1, Q5_0 and Q5_1 on arm64.
+IQ3_XXS has float rows only.
 """
 from __future__ import annotations
 
@@ -82,6 +82,17 @@ def _k_rows(level: Level, every_length: bool) -> dict[T, Int8Kernels]:
     }
 
 
+def _lowbit_row(qt: T, row, tile, level: Level, name: str, every_length: bool) -> Int8Kernels:
+    """A low-bit format's row and tile (x86/lowbit.py's or arm/lowbit.py's), called with the
+    activations the format takes on both: Q8_0 (IQ4_NL, Q4_0, Q5_0), Q8_1 (Q4_1, Q5_1) or Q8_K."""
+    from . import lowbit_kernels as LB
+
+    q8_1 = qt in LB.Q8_1_ACTIVATIONS
+    q8_0 = np.int8 if qt in LB.Q8_0_ACTIVATIONS or q8_1 else None
+    call = TileCall.Q8_1 if q8_1 else TileCall.Q8_0 if q8_0 else TileCall.Q8K
+    return Int8Kernels(row, tile, call, level, name, q8_0=q8_0, q8_1=q8_1, every_length=every_length)
+
+
 def _x86_rows(t: paths.Target) -> dict[T, Int8Kernels]:
     from . import lowbit_kernels as LB
 
@@ -90,11 +101,7 @@ def _x86_rows(t: paths.Target) -> dict[T, Int8Kernels]:
     # the low-bit formats' rows and tiles: AVX2 instructions on every x86 level (decode is bound
     # by the weight stream, not the multiplies), named avx2-int8
     for qt, row in LB.MATVEC_INT8.items():
-        q8_1 = qt in LB.Q8_1_ACTIVATIONS
-        q8_0 = np.int8 if qt in LB.Q8_0_ACTIVATIONS or q8_1 else None
-        call = TileCall.Q8_1 if q8_1 else TileCall.Q8_0 if q8_0 else TileCall.Q8K
-        rows[qt] = Int8Kernels(row, LB.MULTI_TOKEN_INT8[qt], call, Level.AVX2, "avx2-int8", q8_0=q8_0, q8_1=q8_1,
-                               every_length=wide)
+        rows[qt] = _lowbit_row(qt, row, LB.MULTI_TOKEN_INT8[qt], Level.AVX2, "avx2-int8", wide)
     if t.level == Level.AVX512VNNI:
         panels = set(LB.PANEL) - ({T.Q4_K, T.Q6_K} if wide else set())  # Zen keeps x86/avx512.py's K tiles
         for qt in panels:
@@ -124,9 +131,7 @@ def _arm_rows(level: Level) -> dict[T, Int8Kernels]:
                                "neon-dotprod-int8", q8_0=level.q8_0_dtype, every_length=True)
     # the low-bit formats: `sdot` rows and tiles on both levels (no `smmla` tile for them yet)
     for qt, row in AL.MATVEC_INT8.items():
-        q8_0 = np.int8 if qt == T.IQ4_NL else None
-        rows[qt] = Int8Kernels(row, AL.MULTI_TOKEN_INT8[qt], TileCall.Q8_0 if q8_0 else TileCall.Q8K,
-                               Level.NEON_DOTPROD, "neon-dotprod-int8", q8_0=q8_0, every_length=True)
+        rows[qt] = _lowbit_row(qt, row, AL.MULTI_TOKEN_INT8[qt], Level.NEON_DOTPROD, "neon-dotprod-int8", True)
     return rows
 
 

@@ -1,6 +1,7 @@
 """arm64's integer kernels for the low-bit formats (engine/quant/arm/lowbit.py): `sdot` decode rows
-and multi-token tiles for Q2_K, Q3_K, IQ4_XS, IQ4_NL and IQ3_S, held to gguf.quants' decoding
-times the activations as llama.cpp rounds them (Q8_K; IQ4_NL Q8_0). They run where numba
+and multi-token tiles for Q2_K, Q3_K, IQ4_XS, IQ4_NL, IQ3_S and the legacy Q4_0, Q5_0, Q4_1, Q5_1,
+held to gguf.quants' decoding times the activations as llama.cpp rounds them (Q8_K; IQ4_NL, Q4_0,
+Q5_0 Q8_0; Q4_1, Q5_1 Q8_1, whose per-block sum s is rounded to f16). They run where numba
 compiles for an arm64 CPU with dot products (under qemu: ``make test-arm64``, neoverse-n1/v1/v2;
 the CI subset runs IQ4_XS's row on neoverse-n1); the path table is checked everywhere.
 """
@@ -14,9 +15,10 @@ from gguf import quants as gq
 from engine.quant import kernels as K
 from engine.quant import choice, paths
 from engine.quant.activations import round_activations
+from tests.engine.test_quant_lowbit import _exact as _llama_product
 from tests.engine.test_quant_lowbit import _random_blocks
 
-FORMATS = [T.IQ4_XS, T.Q3_K, T.IQ4_NL, T.Q2_K, T.IQ3_S]
+FORMATS = [T.IQ4_XS, T.Q3_K, T.IQ4_NL, T.Q2_K, T.IQ3_S, T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1]
 # the integer sums are exact; only the f32 scaling per block and the accumulation order differ
 # (x86.lowbit's bound: test_quant_lowbit.py)
 BOUND = 2e-6
@@ -25,17 +27,19 @@ on_arm = pytest.mark.skipif(not paths.target().level.is_arm,
 
 
 def _exact(qtype, raw, rows, cols, x):
-    """gguf.quants' weights times the rounded activations in float64, and the scale sum |w x|."""
+    """gguf.quants' weights times the rounded activations in float64 (Q8_1's s as llama.cpp
+    rounds it: test_quant_lowbit), and the scale sum |w x|."""
     W = gq.dequantize(raw.reshape(rows, -1), qtype).reshape(rows, cols).astype(np.float64)
     xr = round_activations(x, qtype).astype(np.float64)
-    return xr @ W.T, np.abs(xr) @ np.abs(W).T
+    return _llama_product(W, raw, qtype, x), np.abs(xr) @ np.abs(W).T
 
 
 def test_arm_lowbit_formats_are_their_own_and_every_low_bit_format():
-    # the formats issue 20 lists, none of them also one of arm/neon.py's
+    # the formats issue 20 lists and the legacy 32-value ones (issue 49), none of them also one of
+    # arm/neon.py's
     from engine.quant.arm import lowbit as arm_lowbit
 
-    assert set(arm_lowbit.MATVEC_INT8) == set(arm_lowbit.MULTI_TOKEN_INT8) == {T.Q2_K, T.Q3_K, T.IQ4_XS, T.IQ4_NL, T.IQ3_S}
+    assert set(arm_lowbit.MATVEC_INT8) == set(arm_lowbit.MULTI_TOKEN_INT8) == set(FORMATS)
     assert not set(arm_lowbit.MATVEC_INT8) & {T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0}
 
 

@@ -1,5 +1,6 @@
 """arm64 integer rows and tiles for the smaller downloads' formats (Graviton2 and later): Q2_K,
-Q3_K, IQ4_XS and IQ3_S times Q8_K activations, IQ4_NL times Q8_0 activations, with `sdot`.
+Q3_K, IQ4_XS and IQ3_S times Q8_K activations, IQ4_NL and the legacy Q4_0 and Q5_0 times Q8_0
+activations, Q4_1 and Q5_1 times Q8_1 (Q8_0's and s = f16(d·Σq) per block), with `sdot`.
 
 The same scheme as arm/neon.py's Q4_K/Q6_K rows (one `sdot`, `llvm.aarch64.neon.sdot.v4i32.v16i8`,
 per 16 weights into a <4 x i32>, the sub-block scale applied as a vector multiply-add into one
@@ -17,6 +18,10 @@ horizontal sum per row: int8_dot.row_codegen), and llama.cpp's NEON arithmetic
 * IQ4_XS, IQ4_NL: the 16 non-linear levels (gguf's kvalues, via lowbit.IQ4_LEVELS) looked up
   with `tbl` (`llvm.aarch64.neon.tbl1.v16i8`) from the nibbles; levels and activations are both
   signed, which `sdot` takes as they are (x86 has to move the signs across for `pmaddubsw`).
+* Q4_0, Q5_0: nibbles less 8 / 16 (Q5_0's fifth bit from qh expanded to bytes as IQ3_S's signs
+  are), signed, as IQ4_NL's levels are (llama.cpp's ggml_vec_dot_q4_0_q8_0 / q5_0_q8_0).
+* Q4_1, Q5_1: the unsigned 0..15 / 0..31 go into `sdot` as they are (they fit int8); the min
+  times the activation block's s is added per block (llama.cpp's ggml_vec_dot_q4_1_q8_1).
 * IQ3_S: 8 lattice rows (4 bytes each, 1..15) gathered per 32 values from the 512-entry grid
   (gguf's, as lowbit_kernels' uint32 view), the 32 sign bits expanded to byte masks and applied
   to the weights ((g ^ m) - m), scale 1 + 2·nibble per 32 values.
@@ -82,6 +87,7 @@ class _Block:
     d: ir.Value
     mins: ir.Value | None = None
     dmin: ir.Value | None = None
+    m: ir.Value | None = None  # Q4_1 / Q5_1's min, times the Q8_1 activation block's s (f32 at xs)
 
 
 def _q2_k_unpack(row, i) -> _Block:
@@ -175,6 +181,69 @@ def _iq4_nl_unpack(row, i) -> _Block:
 _SIGN_BIT = [1 << (k % 8) for k in range(16)]
 
 
+def _nibble_pair(row, at):
+    """The 16 bytes of nibbles at byte `at` of the row -> (values 0-15, values 16-31), <16 x i8> each."""
+    b = row.b
+    q16 = row.load("row", at, V16, align=1)
+    return b.and_(q16, c8(15)), b.lshr(q16, c8(4))
+
+
+def _fifth_bits(row, at):
+    """The 32-bit qh word at byte `at` of the row -> (16 where bit j is set, for values 0-15 and 16-31):
+    byte j // 8 of the word spread over the 16 lanes, tested against 1 << j % 8 (IQ3_S's signs)."""
+    b = row.b
+    qh = b.bitcast(row.load("row", at, I32, align=1), vec(I8, 4))
+    out = []
+    for half in range(2):
+        sb = b.shuffle_vector(qh, qh, ir.Constant(vec(I32, 16), [2 * half + v // 8 for v in range(16)]))
+        hit = b.icmp_unsigned("==", b.and_(sb, ir.Constant(V16, _SIGN_BIT)), ir.Constant(V16, _SIGN_BIT))
+        out.append(b.and_(b.sext(hit, V16), c8(16)))
+    return out
+
+
+def _q4_0_unpack(row, i) -> _Block:
+    # 18 bytes per 32 values: d f16, 16 bytes of nibbles; value = nibble - 8 (Q8_0 activations)
+    b = row.b
+    p = b.mul(i, _c64(18))
+    prefetch(row, p, 18)
+    lo, hi = _nibble_pair(row, b.add(p, _c64(2)))
+    return _Block([_Group([(b.sub(lo, c8(8)), 0), (b.sub(hi, c8(8)), 16)], None)], row.half(p))
+
+
+def _q5_0_unpack(row, i) -> _Block:
+    # 22 bytes per 32 values: d f16, qh 4 bytes (bit j: value j's fifth bit), 16 bytes of nibbles;
+    # value = (nibble | bit << 4) - 16
+    b = row.b
+    p = b.mul(i, _c64(22))
+    prefetch(row, p, 22)
+    lo, hi = _nibble_pair(row, b.add(p, _c64(6)))
+    h_lo, h_hi = _fifth_bits(row, b.add(p, _c64(2)))
+    w = [b.sub(b.or_(q, h), c8(16)) for q, h in ((lo, h_lo), (hi, h_hi))]
+    return _Block([_Group([(w[0], 0), (w[1], 16)], None)], row.half(p))
+
+
+def _q4_1_unpack(row, i) -> _Block:
+    # 20 bytes per 32 values: d f16, m f16, 16 bytes of nibbles; value = d * nibble + m. The
+    # nibbles (0..15) go into `sdot` as they are; m goes through the Q8_1 block's s
+    b = row.b
+    p = b.mul(i, _c64(20))
+    prefetch(row, p, 20)
+    lo, hi = _nibble_pair(row, b.add(p, _c64(4)))
+    return _Block([_Group([(lo, 0), (hi, 16)], None)], row.half(p), m=row.half(b.add(p, _c64(2)), lane=1))
+
+
+def _q5_1_unpack(row, i) -> _Block:
+    # 24 bytes per 32 values: d f16, m f16, qh 4 bytes, 16 bytes of nibbles; value = d * (nibble |
+    # bit << 4) + m (0..31 before d and m: `sdot` takes them as they are)
+    b = row.b
+    p = b.mul(i, _c64(24))
+    prefetch(row, p, 24)
+    lo, hi = _nibble_pair(row, b.add(p, _c64(8)))
+    h_lo, h_hi = _fifth_bits(row, b.add(p, _c64(4)))
+    return _Block([_Group([(b.or_(lo, h_lo), 0), (b.or_(hi, h_hi), 16)], None)], row.half(p),
+                  m=row.half(b.add(p, _c64(2)), lane=1))
+
+
 def _iq3_s_unpack(row, i) -> _Block:
     # 110 bytes: d f16, qs 64 (grid index low bits per 4 values), qh 8 (index bit 8 per group of
     # 4, one byte per 32 values), signs 32 (bit v % 8 of byte v // 8), scales 4 (a nibble per 32
@@ -235,6 +304,11 @@ def _block(unpack, values_per_block: int = 256):
                 sums = row.load("xs", b.add(row.offset("so", "sstride", t), b.mul(i, _c64(16))), W16, align=2)
                 accumulate(b, accs[t], fold(b, pair_sums(b, sums, blk.mins)),
                             b.fsub(ir.Constant(F32, 0.0), b.fmul(blk.dmin, xd)))
+            if blk.m is not None:
+                # m * s, s = f16(d * sum q) per Q8_1 block (llama.cpp's y.s), into lane 0 of the accumulator
+                s = row.load("xs", b.add(row.offset("so", "sstride", t), i), F32)
+                term = b.insert_element(ir.Constant(vec(F32, 4), [0.0] * 4), b.fmul(blk.m, s), ir.Constant(I32, 0))
+                b.store(b.fadd(b.load(accs[t]), term), accs[t])
     return block
 
 
@@ -281,20 +355,54 @@ iq4_xs_row_dot, iq4_xs_row_dot_tile = _q8k_row("IQ4_XS"), _q8k_tile("IQ4_XS")
 iq3_s_row_dot, iq3_s_row_dot_tile = _q8k_row("IQ3_S"), _q8k_tile("IQ3_S")
 
 
-@intrinsic
-def iq4_nl_row_dot(typingctx, row, nb, xq, xd):
-    """The IQ4_NL row (nb blocks of 32) times one token's Q8_0 activations (xq int8, xd f32 per
-    32 values), as float32."""
-    _arm_only("IQ4_NL")
-    return types.float32(row, nb, xq, xd), row_codegen(_Q8_0_ROW, 1, _block(_iq4_nl_unpack, 32), lanes=4)
+_Q8_1_ROW = ("row", "nb", "xq", "xd", "xs")
+_Q8_1_TILE = ("row", "nb", "xq", "xo", "xstride", "xd", "do", "dstride", "xs", "so", "sstride", "res")
+# the 32-value formats' unpackers: Q8_0 activations (IQ4_NL, Q4_0, Q5_0), Q8_1 ones (Q4_1, Q5_1)
+_UNPACK_32 = {"IQ4_NL": _iq4_nl_unpack, "Q4_0": _q4_0_unpack, "Q5_0": _q5_0_unpack, "Q4_1": _q4_1_unpack,
+              "Q5_1": _q5_1_unpack}
 
 
-@intrinsic
-def iq4_nl_row_dot_tile(typingctx, row, nb, xq, xo, xstride, xd, do, dstride, res):
-    """res[t] = the IQ4_NL row times token t's Q8_0 activations (int8) for t < WIDE_TILE."""
-    _arm_only("IQ4_NL")
-    sig = types.void(row, nb, xq, xo, xstride, xd, do, dstride, res)
-    return sig, row_codegen(_Q8_0_TILE, WIDE_TILE, _block(_iq4_nl_unpack, 32), lanes=4)
+def _q8_0_row(name: str):
+    def typer(typingctx, row, nb, xq, xd):
+        _arm_only(name)
+        return types.float32(row, nb, xq, xd), row_codegen(_Q8_0_ROW, 1, _block(_UNPACK_32[name], 32), lanes=4)
+    typer.__name__ = f"{name.lower()}_row_dot"
+    return intrinsic(typer)
+
+
+def _q8_0_tile(name: str):
+    def typer(typingctx, row, nb, xq, xo, xstride, xd, do, dstride, res):
+        _arm_only(name)
+        sig = types.void(row, nb, xq, xo, xstride, xd, do, dstride, res)
+        return sig, row_codegen(_Q8_0_TILE, WIDE_TILE, _block(_UNPACK_32[name], 32), lanes=4)
+    typer.__name__ = f"{name.lower()}_row_dot_tile"
+    return intrinsic(typer)
+
+
+def _q8_1_row(name: str):
+    def typer(typingctx, row, nb, xq, xd, xs):
+        _arm_only(name)
+        return types.float32(row, nb, xq, xd, xs), row_codegen(_Q8_1_ROW, 1, _block(_UNPACK_32[name], 32), lanes=4)
+    typer.__name__ = f"{name.lower()}_row_dot"
+    return intrinsic(typer)
+
+
+def _q8_1_tile(name: str):
+    def typer(typingctx, row, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res):
+        _arm_only(name)
+        sig = types.void(row, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, res)
+        return sig, row_codegen(_Q8_1_TILE, WIDE_TILE, _block(_UNPACK_32[name], 32), lanes=4)
+    typer.__name__ = f"{name.lower()}_row_dot_tile"
+    return intrinsic(typer)
+
+
+# The row (nb blocks of 32) times one token's Q8_0 activations (xq int8, xd f32 per 32 values), as
+# float32; Q8_1's add xs (f32 = f16(d * sum q) per 32 values). The tiles: res[t] for t < WIDE_TILE.
+iq4_nl_row_dot, iq4_nl_row_dot_tile = _q8_0_row("IQ4_NL"), _q8_0_tile("IQ4_NL")
+q4_0_row_dot, q4_0_row_dot_tile = _q8_0_row("Q4_0"), _q8_0_tile("Q4_0")
+q5_0_row_dot, q5_0_row_dot_tile = _q8_0_row("Q5_0"), _q8_0_tile("Q5_0")
+q4_1_row_dot, q4_1_row_dot_tile = _q8_1_row("Q4_1"), _q8_1_tile("Q4_1")
+q5_1_row_dot, q5_1_row_dot_tile = _q8_1_row("Q5_1"), _q8_1_tile("Q5_1")
 
 
 # ----------------------------------------------------------------------------- drivers
@@ -336,6 +444,34 @@ def _mv_iq4_nl(w, xq, xd, out):
     nb = xd.shape[0]
     for r in prange(w.shape[0]):
         out[r] = iq4_nl_row_dot(w[r], nb, xq, xd)
+
+
+@njit(**_MV)
+def _mv_q4_0(w, xq, xd, out):
+    nb = xd.shape[0]
+    for r in prange(w.shape[0]):
+        out[r] = q4_0_row_dot(w[r], nb, xq, xd)
+
+
+@njit(**_MV)
+def _mv_q5_0(w, xq, xd, out):
+    nb = xd.shape[0]
+    for r in prange(w.shape[0]):
+        out[r] = q5_0_row_dot(w[r], nb, xq, xd)
+
+
+@njit(**_MV)
+def _mv_q4_1(w, xq, xd, xs, out):
+    nb = xd.shape[0]
+    for r in prange(w.shape[0]):
+        out[r] = q4_1_row_dot(w[r], nb, xq, xd, xs)
+
+
+@njit(**_MV)
+def _mv_q5_1(w, xq, xd, xs, out):
+    nb = xd.shape[0]
+    for r in prange(w.shape[0]):
+        out[r] = q5_1_row_dot(w[r], nb, xq, xd, xs)
 
 
 _ROW_CHUNK = 16
@@ -410,6 +546,60 @@ def _mm_iq4_nl(w, xq, xd, out):
                     out[t0 + t, r] = res[t]
 
 
-MATVEC_INT8: dict[T, Any] = {T.Q2_K: _mv_q2_k, T.Q3_K: _mv_q3_k, T.IQ4_XS: _mv_iq4_xs, T.IQ3_S: _mv_iq3_s, T.IQ4_NL: _mv_iq4_nl}
+@njit(**_MV)
+def _mm_q4_0(w, xq, xd, out):
+    tp, rows = out.shape
+    nb = xd.shape[0] // tp
+    for c in prange((rows + _ROW_CHUNK - 1) // _ROW_CHUNK):
+        res = np.empty(WIDE_TILE, np.float32)
+        for t0 in range(0, tp, WIDE_TILE):
+            for r in range(c * _ROW_CHUNK, min(rows, (c + 1) * _ROW_CHUNK)):
+                q4_0_row_dot_tile(w[r], nb, xq, t0 * nb * 32, nb * 32, xd, t0 * nb, nb, res)
+                for t in range(WIDE_TILE):
+                    out[t0 + t, r] = res[t]
+
+
+@njit(**_MV)
+def _mm_q5_0(w, xq, xd, out):
+    tp, rows = out.shape
+    nb = xd.shape[0] // tp
+    for c in prange((rows + _ROW_CHUNK - 1) // _ROW_CHUNK):
+        res = np.empty(WIDE_TILE, np.float32)
+        for t0 in range(0, tp, WIDE_TILE):
+            for r in range(c * _ROW_CHUNK, min(rows, (c + 1) * _ROW_CHUNK)):
+                q5_0_row_dot_tile(w[r], nb, xq, t0 * nb * 32, nb * 32, xd, t0 * nb, nb, res)
+                for t in range(WIDE_TILE):
+                    out[t0 + t, r] = res[t]
+
+
+@njit(**_MV)
+def _mm_q4_1(w, xq, xd, xs, out):
+    tp, rows = out.shape
+    nb = xd.shape[0] // tp
+    for c in prange((rows + _ROW_CHUNK - 1) // _ROW_CHUNK):
+        res = np.empty(WIDE_TILE, np.float32)
+        for t0 in range(0, tp, WIDE_TILE):
+            for r in range(c * _ROW_CHUNK, min(rows, (c + 1) * _ROW_CHUNK)):
+                q4_1_row_dot_tile(w[r], nb, xq, t0 * nb * 32, nb * 32, xd, t0 * nb, nb, xs, t0 * nb, nb, res)
+                for t in range(WIDE_TILE):
+                    out[t0 + t, r] = res[t]
+
+
+@njit(**_MV)
+def _mm_q5_1(w, xq, xd, xs, out):
+    tp, rows = out.shape
+    nb = xd.shape[0] // tp
+    for c in prange((rows + _ROW_CHUNK - 1) // _ROW_CHUNK):
+        res = np.empty(WIDE_TILE, np.float32)
+        for t0 in range(0, tp, WIDE_TILE):
+            for r in range(c * _ROW_CHUNK, min(rows, (c + 1) * _ROW_CHUNK)):
+                q5_1_row_dot_tile(w[r], nb, xq, t0 * nb * 32, nb * 32, xd, t0 * nb, nb, xs, t0 * nb, nb, res)
+                for t in range(WIDE_TILE):
+                    out[t0 + t, r] = res[t]
+
+
+MATVEC_INT8: dict[T, Any] = {T.Q2_K: _mv_q2_k, T.Q3_K: _mv_q3_k, T.IQ4_XS: _mv_iq4_xs, T.IQ3_S: _mv_iq3_s, T.IQ4_NL: _mv_iq4_nl,
+                             T.Q4_0: _mv_q4_0, T.Q5_0: _mv_q5_0, T.Q4_1: _mv_q4_1, T.Q5_1: _mv_q5_1}
 MULTI_TOKEN_INT8: dict[T, Any] = {T.Q2_K: _mm_q2_k, T.Q3_K: _mm_q3_k, T.IQ4_XS: _mm_iq4_xs, T.IQ3_S: _mm_iq3_s,
-                    T.IQ4_NL: _mm_iq4_nl}
+                                  T.IQ4_NL: _mm_iq4_nl, T.Q4_0: _mm_q4_0, T.Q5_0: _mm_q5_0, T.Q4_1: _mm_q4_1,
+                                  T.Q5_1: _mm_q5_1}
