@@ -306,13 +306,15 @@ def _nibbles32(b, q16):
 _ONES16 = [1] * 16
 
 
-def _fifth_bits(row, at):
-    """The 32-bit qh word at byte `at` of the row as 32 bytes, 16 where value j's bit is set (bit j):
-    `vpshufb` of the broadcast word picks byte j // 8, a compare with 1 << j % 8 tests the bit."""
+def _fifth_bits(row, at, unset: int = 0, set_: int = 16):
+    """The 32-bit qh word at byte `at` of the row as 32 bytes: `set_` where value j's bit (bit j)
+    is set, `unset` where not. `vpshufb` of the broadcast word picks byte j // 8, a compare with
+    1 << j % 8 tests the bit, one `vpand` / `vpandn` of the mask picks the byte."""
     b = row.b
     qh = b.bitcast(_splat_i32(b, row.load("row", at, I32, align=1)), V8)
     bits = b.and_(_pshufb(b, qh, _bytes(_SIGN_BYTE)), _bytes(_SIGN_BIT))
-    return b.and_(b.sext(b.icmp_unsigned("==", bits, _bytes(_SIGN_BIT)), V8), _bytes(16))
+    mask = b.sext(b.icmp_unsigned("==", bits, _bytes(_SIGN_BIT)), V8)
+    return b.and_(mask, _bytes(set_)) if set_ else b.and_(b.xor(mask, _bytes(-1)), _bytes(unset))
 
 
 def _q4_0_unpack(row, i) -> _Block:
@@ -330,9 +332,11 @@ def _q5_0_unpack(row, i) -> _Block:
     b = row.b
     p = b.mul(i, _c64(22))
     prefetch(row, p, 22)
-    high = _fifth_bits(row, b.add(p, _c64(2)))
+    # nibble | 0xF0 where the bit is clear is nibble - 16 as int8, nibble where set: no subtract
+    # (llama.cpp's bytes_from_bits_32 + andnot)
+    high = _fifth_bits(row, b.add(p, _c64(2)), unset=-16, set_=0)
     q = _nibbles32(b, row.load("row", b.add(p, _c64(6)), vec(I8, 16), align=1))
-    w = b.sub(b.or_(q, high), _bytes(16))
+    w = b.or_(q, high)
     return _Block([_signed_run(b, w, ir.Constant(W16, _ONES16))], row.half(p))
 
 
