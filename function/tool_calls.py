@@ -1,22 +1,11 @@
 """Model output → OpenAI message parts: reasoning and tool calls, in the family's conventions
 (engine/conventions.py).
 
-A tool call sits in a ``<tool_call>`` … ``</tool_call>`` block, in one of two syntaxes:
-
-- XML (Qwen3.5)::
-
-    <tool_call>
-    <function=NAME>
-    <parameter=P>
-    VALUE
-    </parameter>
-    </function>
-    </tool_call>
-
-  each value typed by the tool's JSON Schema (``integer``, ``number``, ``boolean``, ``object``,
-  ``array``, ``null``; ``string`` stays verbatim);
-- JSON (Hermes: Qwen2.5, Qwen3): ``{"name": "NAME", "arguments": {...}}``, the arguments an object
-  (or a string holding one).
+A tool call sits in a ``<tool_call>`` … ``</tool_call>`` block, in one of the two syntaxes
+engine/conventions.py shows: XML (Qwen3.5), each ``<parameter=P>`` value typed by the tool's
+JSON Schema (``integer``, ``number``, ``boolean``, ``object``, ``array``, ``null``; ``string``
+stays verbatim), or JSON (Hermes: Qwen2.5, Qwen3), the arguments an object (or a string holding
+one).
 
 Each well-formed block naming a declared tool becomes an OpenAI ``tool_call`` whose
 ``arguments`` is a JSON string. A block that is malformed, unclosed (generation cut) or names an
