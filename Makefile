@@ -74,7 +74,7 @@ test: $(STAMP) $(SAM_STAMP)
 # numba cache of its own. An AVX-512 CI host would otherwise hide what breaks on an AVX2-only one.
 AVX2_TESTS := tests/engine/test_quant_kernels.py tests/engine/test_quant_formats_match_gguf.py \
               tests/engine/test_quant_lowbit.py tests/engine/test_parity_with_recorded_llama_cpp.py \
-              tests/engine/test_lowbit_parity_with_recorded_llama_cpp.py
+              tests/engine/test_lowbit_parity_with_recorded_llama_cpp.py tests/engine/test_x86_x4.py
 test-avx2: $(STAMP)
 	@if [ "$$(uname -m)" != x86_64 ]; then echo "test-avx2: x86_64 only, skipped"; exit 0; fi; \
 	NUMBA_CPU_NAME=x86-64-v3 \

@@ -1,0 +1,260 @@
+"""x86's Q4_K rows and tiles over the x4 layout (arm/x4.py: four weight rows interleaved, the
+same bytes on every ISA; `repack_x4` makes it once when kernels.MatvecPlan is built).
+
+In the x4 layout a 16-byte vector holds 4 consecutive bytes of each of 4 rows. Two vectors 64
+bytes apart (segments 2c and 2c + 1, the same k) make one 256-bit vector whose 128-bit lane 0
+holds bytes 4k..4k+3 of the rows' 32-byte chunk c and lane 1 bytes 16 + 4k..: its nibbles
+times the token's 32 values of the run with `vpshufd` broadcasting values 4k.. to lane 0 and
+16 + 4k.. to lane 1 (one load of the run's activations serves all four k). So per run of 32
+values a `vpmaddubsw` gives 4 rows' pair sums at once, four of them add in int16 (|.| <= 4 x 2
+x 15 x 128 = 15360), and one `vpmaddwd` by the rows' scales (the layout's bytes per run and
+row) leaves each i32 lane one row's sum: no horizontal sums per row, the result of a block is
+4 rows' <8 x float> (lanes r and 4 + r: row r), and the weight unpacking (masks, shifts,
+scales, f16 conversions) is paid once per 4 rows and 8 tokens. ik_llama.cpp's `_r4` repacked
+formats taught the idea (its code is not used); the bytes are arm64's x4 ones, so one repack
+and one exact decoder (arm/x4.dequantize_x4) serve both ISAs.
+
+The mins of Q4_K (dmin m_j against the token's sums per run): decode adds them here, with a
+`vpmaddwd` of the mins by the sums; tiles get their product from BLAS first
+(kernels.MatvecPlan.tokens_q8k, arm/tiles.q4_k_mins_x4) and subtract it.
+"""
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from engine.quant.arm.x4 import X4_BLOCK
+from engine.quant.int8_dot import F32, I8, I16, I32, I64, Row, WIDE_TILE, array_ptr, fma, prefetch, vec, x86_call
+from engine.quant.int8_kernels import ROW_CHUNK
+from engine.quant.njit_base import MV
+
+__all__ = ["mm_q4_k_x4", "mv_q4_k_x4", "X86_TILE"]
+
+V8 = vec(I8, 32)
+W16 = vec(I16, 16)
+D32 = vec(I32, 8)
+F8 = vec(F32, 8)
+F4 = vec(F32, 4)
+
+# Tokens per pass of the tile: 8 against 4 measured 14.1 vs 17.4 ms (133.6 vs 108.1 GMAC/s) at
+# 3584x1024, 512 tokens, 2 threads, Zen 3 (a probe on random bytes); the weight unpacking is
+# shared by twice the tokens. The prompt's last 4 (activations are padded to WIDE_TILE) take
+# a 4-token pass.
+X86_TILE = 8
+
+_ROW = ("row", "nb", "xq", "xd", "xs", "out", "o")
+_TILE = ("row", "nb", "xq", "xo", "xstride", "xd", "do", "dstride", "out", "oo", "ostride")
+
+
+def _i64(v: int):
+    return ir.Constant(I64, v)
+
+
+def _shuffle(b, v, idx: list[int]):
+    return b.shuffle_vector(v, v, ir.Constant(vec(I32, len(idx)), idx))
+
+
+def _maddubs(b, u8, s8):
+    return x86_call(b, "llvm.x86.avx2.pmadd.ub.sw", W16, [u8, s8])
+
+
+def _madd(b, a16, b16):
+    return x86_call(b, "llvm.x86.avx2.pmadd.wd", D32, [a16, b16])
+
+
+def _f16x4(row: Row, index):
+    """The 4 rows' f16 at byte `index` as <4 x float> (`vcvtph2ps`)."""
+    b = row.b
+    halves = b.bitcast(row.load("row", index, vec(I16, 4), align=1), ir.VectorType(ir.HalfType(), 4))
+    return b.fpext(halves, F4)
+
+
+def _splat(b, value, n: int):
+    one = b.insert_element(ir.Constant(vec(F32, n), ir.Undefined), value, ir.Constant(I32, 0))
+    return _shuffle(b, one, [0] * n)
+
+
+class _Q4KBlock:
+    """x4 block i of Q4_K: `nibbles(j)` the 4 vectors of run j (k = 0..3), `scale(j)` the rows'
+    scales of run j against a `vpmaddubsw` result, d8 the rows' d in both 128-bit lanes, dmin4
+    and the mins (decode)."""
+
+    def __init__(self, row: Row, i):
+        b = row.b
+        size = X4_BLOCK["q4_k"]
+        p = b.mul(i, _i64(size))
+        self.p = p
+        prefetch(row, p, size)
+        load16 = lambda off: row.load("row", b.add(p, _i64(off)), vec(I8, 16), align=1)  # noqa: E731
+        self._load16 = load16
+        self._sc16 = b.zext(row.load("row", b.add(p, _i64(16)), V8, align=1), vec(I16, 32))
+        d4 = _f16x4(row, p)
+        self.d8 = _shuffle(b, d4, [0, 1, 2, 3] * 2)
+        self.dmin4 = _f16x4(row, b.add(p, _i64(8)))
+        self.b, self.row = b, row
+
+    def nibbles(self, j: int) -> list:
+        """Run j's 4 vectors, loaded and unpacked where used (made up front, or shared by the
+        two runs of a chunk, they stayed live across the tokens' products and spilled: 75 vs
+        105-135 GMAC/s at 3584x1024, 512 tokens, 2 threads, Zen 3)."""
+        b = self.b
+        c, high = divmod(j, 2)
+        mask = ir.Constant(V8, [15] * 32)
+        out = []
+        for k in range(4):
+            v = b.shuffle_vector(self._load16(80 + 64 * 2 * c + 16 * k),
+                                 self._load16(80 + 64 * (2 * c + 1) + 16 * k),
+                                 ir.Constant(vec(I32, 32), list(range(32))))
+            out.append(b.and_(b.bitcast(b.lshr(b.bitcast(v, W16), ir.Constant(W16, [4] * 16)), V8), mask)
+                       if high else b.and_(v, mask))
+        return out
+
+    def scale(self, j: int):
+        """<16 x i16>: lanes 2r, 2r + 1 of each 128-bit half hold row r's scale of run j."""
+        return _shuffle(self.b, self._sc16, [4 * j + (lane % 8) // 2 for lane in range(16)])
+
+    def mins_dot(self, sums16):
+        """<4 x i32>: row r's sum over runs j of min_jr x the token's sum of run j, from the
+        token's <16 x i16> sums per 16 values (|sum per 32| <= 4096, mins <= 63)."""
+        b = self.b
+        mn16 = b.zext(self.row.load("row", b.add(self.p, _i64(48)), V8, align=1), vec(I16, 32))
+        by32 = b.add(_shuffle(b, sums16, list(range(0, 16, 2))), _shuffle(b, sums16, list(range(1, 16, 2))))
+        # lanes (u, r, e) = run 2u + e, row r: `vpmaddwd` adds e = 0, 1; then u = 0..3 are summed
+        m = _shuffle(b, mn16, [4 * (2 * u + e) + r for u in range(4) for r in range(4) for e in range(2)])
+        s = _shuffle(b, by32, [2 * u + e for u in range(4) for r in range(4) for e in range(2)])
+        lo = _madd(b, _shuffle(b, m, list(range(16))), _shuffle(b, s, list(range(16))))
+        hi = _madd(b, _shuffle(b, m, list(range(16, 32))), _shuffle(b, s, list(range(16, 32))))
+        both = b.add(lo, hi)  # lanes (u mod 2, r)
+        return b.add(_shuffle(b, both, [0, 1, 2, 3]), _shuffle(b, both, [4, 5, 6, 7]))
+
+
+def _run_sum(b, nibbles, y):
+    """The 4 rows' int16 pair sums of a run: sum over k of nibbles[k] x the activations' values
+    4k.. (lane 0) and 16 + 4k.. (lane 1), broadcast by `vpshufd`."""
+    y32 = b.bitcast(y, D32)
+    s = None
+    for k in range(4):
+        yk = b.bitcast(_shuffle(b, y32, [k] * 4 + [4 + k] * 4), V8)
+        m = _maddubs(b, nibbles[k], yk)
+        s = m if s is None else b.add(s, m)
+    return s
+
+
+def _store4(row: Row, index, value, subtract: bool):
+    b = row.b
+    ptr = array_ptr(row.context, b, row.aty["out"], row.arg["out"], index, F4)
+    if subtract:
+        value = b.fsub(value, b.load(ptr, align=4))
+    b.store(value, ptr, align=4)
+
+
+def _q4_k_codegen(ntok: int):
+    """4 rows (one x4 group) times ntok tokens: out[o + r] (decode, the mins inside) or
+    out[oo + t * ostride + r] minus what is there (tiles: the mins' product)."""
+    names = _ROW if ntok == 1 else _TILE
+
+    def codegen(context, builder, signature, args):
+        b = builder
+        row = Row(context, b, signature, args, names, ntok)
+        accs = [cgutils.alloca_once_value(b, ir.Constant(F8, [0.0] * 8)) for _ in range(ntok)]
+        macc = cgutils.alloca_once_value(b, ir.Constant(F4, [0.0] * 4)) if ntok == 1 else None
+        zero = ir.Constant(D32, [0] * 8)
+        with cgutils.for_range(b, row.arg["nb"]) as loop:
+            i = b.sext(loop.index, I64) if loop.index.type.width < 64 else loop.index
+            blk = _Q4KBlock(row, i)
+            xo = [b.add(row.offset("xo", "xstride", t), b.mul(i, _i64(256))) for t in range(ntok)]
+            isums = [zero] * ntok
+            for j in range(8):
+                sv = blk.scale(j)
+                nib = blk.nibbles(j)
+                for t in range(ntok):
+                    y = row.load("xq", b.add(xo[t], _i64(32 * j)), V8, align=1)
+                    isums[t] = b.add(isums[t], _madd(b, _run_sum(b, nib, y), sv))
+            for t in range(ntok):
+                xd = row.load("xd", b.add(row.offset("do", "dstride", t), i), F32)
+                b.store(fma(b, b.sitofp(isums[t], F8), b.fmul(blk.d8, _splat(b, xd, 8)), b.load(accs[t])), accs[t])
+            if macc is not None:
+                sums16 = row.load("xs", b.mul(i, _i64(16)), W16, align=2)
+                xd = row.load("xd", i, F32)
+                b.store(fma(b, b.sitofp(blk.mins_dot(sums16), F4), b.fmul(blk.dmin4, _splat(b, xd, 4)),
+                            b.load(macc)), macc)
+        for t in range(ntok):
+            a = b.load(accs[t])
+            res = b.fadd(_shuffle(b, a, [0, 1, 2, 3]), _shuffle(b, a, [4, 5, 6, 7]))
+            if macc is not None:
+                _store4(row, row.arg["o"], b.fsub(res, b.load(macc)), False)
+            else:
+                _store4(row, b.add(row.arg["oo"], b.mul(row.arg["ostride"], _i64(t))), res, True)
+        return context.get_dummy_value()
+    return codegen
+
+
+@intrinsic
+def q4_k_x4_avx2_dot(typingctx, row, nb, xq, xd, xs, out, o):
+    """out[o + r] = rows 4g + r of an x4 group times one token's Q8_K activations."""
+    return types.void(row, nb, xq, xd, xs, out, o), _q4_k_codegen(1)
+
+
+def _tile_intrinsic(ntok: int):
+    def typer(typingctx, row, nb, xq, xo, xstride, xd, do, dstride, out, oo, ostride):
+        return types.void(row, nb, xq, xo, xstride, xd, do, dstride, out, oo, ostride), _q4_k_codegen(ntok)
+    typer.__name__ = f"q4_k_x4_avx2_tile{ntok}"
+    return intrinsic(typer)
+
+
+# out[oo + t * ostride + r] -= ... for t < 8 (X86_TILE) or 4 (WIDE_TILE, the prompt's tail)
+q4_k_x4_avx2_tile8 = _tile_intrinsic(X86_TILE)
+q4_k_x4_avx2_tile4 = _tile_intrinsic(WIDE_TILE)
+
+
+@njit(**MV)
+def mv_q4_k_x4(w4, xq, xd, xs16, out, rows):
+    # decode: a group of 4 rows per intrinsic call; the last, partial group through a scratch
+    nb = xd.shape[0]
+    full = rows // 4
+    for g in prange(w4.shape[0]):
+        if g < full:
+            q4_k_x4_avx2_dot(w4[g], nb, xq, xd, xs16, out, 4 * g)
+        else:
+            tmp = np.empty(4, np.float32)
+            q4_k_x4_avx2_dot(w4[g], nb, xq, xd, xs16, tmp, 0)
+            for r in range(rows - 4 * g):
+                out[4 * g + r] = tmp[r]
+
+
+_CHUNK = ROW_CHUNK // 4  # groups per chunk: the tile's activations stay in L1 across them
+
+
+@njit(**MV)
+def mm_q4_k_x4(w4, xq, xd, out, rows):
+    # prefill: out (Tp * rows, flat) holds the mins' product on entry, which the tiles subtract;
+    # Tp is a multiple of WIDE_TILE: passes of 8 tokens, a last one of 4 where Tp is not a
+    # multiple of 8. The last, partial group of rows goes through a 4-row scratch.
+    tp = out.shape[0] // rows
+    nb = xd.shape[0] // tp
+    cols = nb * 256
+    groups = w4.shape[0]
+    for c in prange((groups + _CHUNK - 1) // _CHUNK):
+        tmp = np.empty(4 * X86_TILE, np.float32)
+        for t0 in range(0, tp, X86_TILE):
+            n = min(X86_TILE, tp - t0)
+            for g in range(c * _CHUNK, min(groups, (c + 1) * _CHUNK)):
+                partial = 4 * g + 4 > rows
+                if partial:
+                    for t in range(n):
+                        for r in range(4):
+                            tmp[4 * t + r] = out[(t0 + t) * rows + 4 * g + r] if 4 * g + r < rows else 0.0
+                    dst, o, stride = tmp, 0, 4
+                else:
+                    dst, o, stride = out, t0 * rows + 4 * g, rows
+                if n == X86_TILE:
+                    q4_k_x4_avx2_tile8(w4[g], nb, xq, t0 * cols, cols, xd, t0 * nb, nb, dst, o, stride)
+                else:
+                    q4_k_x4_avx2_tile4(w4[g], nb, xq, t0 * cols, cols, xd, t0 * nb, nb, dst, o, stride)
+                if partial:
+                    for t in range(n):
+                        for r in range(rows - 4 * g):
+                            out[(t0 + t) * rows + 4 * g + r] = tmp[4 * t + r]
