@@ -31,6 +31,7 @@ class TileCall(StrEnum):
     Q8K_MINS = "q8k-mins"    # the same, after BLAS put the mins' product in `out` (Q4_K, Q5_K)
     PANEL = "panel"          # tile(w, qp, d, xsf, out): activations in the P16 order (Q8KTokens.p16)
     X4 = "x4"                # tile(w4, q, d, out.reshape(-1), rows, *tile_args) over arm/x4.py's layout
+    X4_SUMS = "x4-sums"      # tile(w4, q, d, sums16, out.reshape(-1), rows, *tile_args): x86/x4.py's
     Q8_0 = "q8_0"            # tile(w, xq, xd, out) against Q8_0 activations
     Q8_1 = "q8_1"            # tile(w, xq, xd, xs, out) against Q8_1 ones (xs: f16(d * sum q) per block)
 

@@ -224,6 +224,8 @@ class MatvecPlan:
             np.matmul(a.scaled_sums32, mins.T, out=out)
         if k.tile_call == TileCall.X4:
             k.tile(self.w, a.q, a.d, out.reshape(-1), self.rows, *k.tile_args)
+        elif k.tile_call == TileCall.X4_SUMS:
+            k.tile(self.w, a.q, a.d, a.sums16, out.reshape(-1), self.rows, *k.tile_args)
         else:
             k.tile(self.w, a.q, a.d, a.sums16, out, *k.tile_args)
         return out[:a.tokens]

@@ -17,7 +17,7 @@ Which file has which format's integer kernels, per level family:
 | levels | formats | rows / tiles | file |
 |---|---|---|---|
 | x86 (avx2 .. avx512vnni) | Q4_K, Q6_K, Q8_0 | int8_dot's rows and tiles, block bodies per level | int8_kernels.py, x86/avx2.py, x86/avx512.py |
-| avx2 | Q4_K | x4 layout (4 rows interleaved, arm/x4.py's bytes): AVX2 rows and tiles | x86/x4.py |
+| avx2 | Q4_K, Q6_K | x4 layout (4 rows interleaved, arm/x4.py's bytes): AVX2 rows and tiles | x86/x4.py |
 | x86 | Q2_K, Q3_K, Q5_K, IQ4_XS, IQ4_NL, IQ3_S, Q4_0, Q5_0, Q4_1, Q5_1 | AVX2 rows and tiles on every x86 level | lowbit_kernels.py over x86/lowbit.py |
 | avx512vnni | IQ4_XS, Q3_K, Q5_K (and Q4_K, Q6_K off Zen) | 512-bit `vpdpbusd` panel tiles, every prompt length | lowbit_kernels.PANEL |
 | neon-dotprod, neon-i8mm | Q4_K, Q6_K | x4 layout (4 rows interleaved): `sdot` rows, `sdot` / `smmla` tiles | arm/x4.py, arm/tiles.py |
@@ -104,7 +104,7 @@ def _x86_rows(t: paths.Target) -> dict[T, Int8Kernels]:
     for qt, row in LB.MATVEC_INT8.items():
         rows[qt] = _lowbit_row(qt, row, LB.MULTI_TOKEN_INT8[qt], Level.AVX2, "avx2-int8", wide)
     if t.level == Level.AVX2:
-        rows[T.Q4_K] = _q4_k_x4_avx2()
+        rows.update(_k_x4_avx2())
     if t.level == Level.AVX512VNNI:
         panels = set(LB.PANEL) - ({T.Q4_K, T.Q6_K} if wide else set())  # Zen keeps x86/avx512.py's K tiles
         for qt in panels:
@@ -113,18 +113,20 @@ def _x86_rows(t: paths.Target) -> dict[T, Int8Kernels]:
     return rows
 
 
-# Q4_K on the AVX2 level: rows and tiles over the x4 layout (x86/x4.py: 4 rows interleaved, one
+# Q4_K and Q6_K on the AVX2 level: rows and tiles over the x4 layout (x86/x4.py: 4 rows interleaved, one
 # `vpmaddwd` lane per row), at every prompt length. Measured on Zen 3 (AVX2 only), 2 threads,
-# 0.8B Q4_K_M, both rows in one process alternating, 6 rounds: 512-token forward best 166.1 vs
-# 136.6 tok/s (median of per-round ratios 1.20), decode 30.5 vs 33.2 ms/token; the tile alone at
+# 0.8B Q4_K_M, both rows in one process alternating, 6 rounds, Q4_K alone on x4: 512-token
+# forward best 166.1 vs 136.6 tok/s (median of per-round ratios 1.20), decode 30.5 vs 33.2
+# ms/token (Q6_K too: docs/cpus.md); the Q4_K tile alone at
 # 3584x1024, 512 tokens, 105-150 GMAC/s against dequantize + OpenBLAS 64-81 (the host is noisy).
 # The other x86 levels keep int8_dot's rows until measured there (AVX-VNNI's `vpdpbusd`,
 # AVX-512's 512-bit tiles).
-def _q4_k_x4_avx2() -> Int8Kernels:
-    from .x86.x4 import mm_q4_k_x4, mv_q4_k_x4
+def _k_x4_avx2() -> dict[T, Int8Kernels]:
+    from .x86.x4 import mm_k_x4_avx2, mv_k_x4_avx2
 
-    return Int8Kernels(mv_q4_k_x4, mm_q4_k_x4, TileCall.X4, Level.AVX2, "avx2-int8x4", mins_block=144, x4=True,
-                       every_length=True)
+    return {qt: Int8Kernels(mv_k_x4_avx2, mm_k_x4_avx2, TileCall.X4_SUMS, Level.AVX2, "avx2-int8x4", (q6,), (q6,),
+                            mins_block=0 if q6 else 144, x4=True, every_length=True)
+            for qt, q6 in ((T.Q4_K, False), (T.Q6_K, True))}
 
 
 def _arm_rows(level: Level) -> dict[T, Int8Kernels]:

@@ -1,4 +1,4 @@
-"""x86's Q4_K rows and tiles over the x4 layout (arm/x4.py: four weight rows interleaved, the
+"""x86's Q4_K and Q6_K rows and tiles over the x4 layout (arm/x4.py: four weight rows interleaved, the
 same bytes on every ISA; `repack_x4` makes it once when kernels.MatvecPlan is built).
 
 In the x4 layout a 16-byte vector holds 4 consecutive bytes of each of 4 rows. Two vectors 64
@@ -17,6 +17,12 @@ and one exact decoder (arm/x4.dequantize_x4) serve both ISAs.
 The mins of Q4_K (dmin m_j against the token's sums per run): decode adds them here, with a
 `vpmaddwd` of the mins by the sums; tiles get their product from BLAS first
 (kernels.MatvecPlan.tokens_q8k, arm/tiles.q4_k_mins_x4) and subtract it.
+
+Q6_K: a run is two groups of 16 (one per 128-bit lane, each its own scale), the quants 0..63
+unsigned for `vpmaddubsw` (two products fit in int16, not four: two `vpmaddwd` per run), and
+the -32 goes against the token's sums per 16 (Q8_K's bsums, the tile's `xs`) inside the kernel:
+per token and block four `vpshufd` + `vpmaddwd` of the sums by the scales, as ik_llama.cpp's
+q6_k_r4 does, instead of arm64's subtraction from the quants (`sdot` is signed x signed).
 """
 from __future__ import annotations
 
@@ -31,7 +37,7 @@ from engine.quant.int8_dot import F32, I8, I16, I32, I64, Row, WIDE_TILE, array_
 from engine.quant.int8_kernels import ROW_CHUNK
 from engine.quant.njit_base import MV
 
-__all__ = ["mm_q4_k_x4", "mv_q4_k_x4", "X86_TILE"]
+__all__ = ["X86_TILE", "mm_k_x4_avx2", "mv_k_x4_avx2"]
 
 V8 = vec(I8, 32)
 W16 = vec(I16, 16)
@@ -78,7 +84,7 @@ def _splat(b, value, n: int):
 
 
 class _Q4KBlock:
-    """x4 block i of Q4_K: `nibbles(j)` the 4 vectors of run j (k = 0..3), `scale(j)` the rows'
+    """x4 block i of Q4_K: `vectors(j)` the 4 vectors of run j (k = 0..3), `scale(j)` the rows'
     scales of run j against a `vpmaddubsw` result, d8 the rows' d in both 128-bit lanes, dmin4
     and the mins (decode)."""
 
@@ -96,7 +102,10 @@ class _Q4KBlock:
         self.dmin4 = _f16x4(row, b.add(p, _i64(8)))
         self.b, self.row = b, row
 
-    def nibbles(self, j: int) -> list:
+    def offset(self, j: int) -> int:
+        return 32 * j
+
+    def vectors(self, j: int) -> list:
         """Run j's 4 vectors, loaded and unpacked where used (made up front, or shared by the
         two runs of a chunk, they stayed live across the tokens' products and spilled: 75 vs
         105-135 GMAC/s at 3584x1024, 512 tokens, 2 threads, Zen 3)."""
@@ -116,6 +125,12 @@ class _Q4KBlock:
         """<16 x i16>: lanes 2r, 2r + 1 of each 128-bit half hold row r's scale of run j."""
         return _shuffle(self.b, self._sc16, [4 * j + (lane % 8) // 2 for lane in range(16)])
 
+    def dot(self, q: list, y, sv):
+        """The 4 `vpmaddubsw` summed in int16 (|.| <= 4 x 2 x 15 x 128), one `vpmaddwd`."""
+        b = self.b
+        m = _products(b, q, y)
+        return _madd(b, b.add(b.add(m[0], m[1]), b.add(m[2], m[3])), sv)
+
     def mins_dot(self, sums16):
         """<4 x i32>: row r's sum over runs j of min_jr x the token's sum of run j, from the
         token's <16 x i16> sums per 16 values (|sum per 32| <= 4096, mins <= 63)."""
@@ -131,16 +146,85 @@ class _Q4KBlock:
         return b.add(_shuffle(b, both, [0, 1, 2, 3]), _shuffle(b, both, [4, 5, 6, 7]))
 
 
-def _run_sum(b, nibbles, y):
-    """The 4 rows' int16 pair sums of a run: sum over k of nibbles[k] x the activations' values
-    4k.. (lane 0) and 16 + 4k.. (lane 1), broadcast by `vpshufd`."""
+class _Q6KBlock:
+    """x4 block i of Q6_K: run j = (h, t) covers groups g0 = 8h + 2t (128-bit lane 0) and g0 + 1
+    (lane 1), 32 activations at 16 g0; `vectors(j)` its 4 vectors of 6-bit quants 0..63 (the
+    -32 goes against the token's sums per 16: `offsets_dot`), `scale(j)` the rows' scales of
+    g0 and g0 + 1 against a `vpmaddubsw` result."""
+
+    def __init__(self, row: Row, i):
+        b = row.b
+        size = X4_BLOCK["q6_k"]
+        p = b.mul(i, _i64(size))
+        prefetch(row, p, size)
+        self._load16 = lambda off: row.load("row", b.add(p, _i64(off)), vec(I8, 16), align=1)
+        sc = [b.sext(row.load("row", b.add(p, _i64(32 * h)), V8, align=1), vec(I16, 32)) for h in range(2)]
+        self._sc16 = b.shuffle_vector(sc[0], sc[1], ir.Constant(vec(I32, 64), list(range(64))))  # lane 4g + r
+        self.d8 = _shuffle(b, _f16x4(row, b.add(p, _i64(832))), [0, 1, 2, 3] * 2)
+        # the -32's scales, per pair q of groups: lanes (half, r, e) = scale of group 8 half + 2q + e,
+        # row r, against the token's sums of those groups (`vpshufd` q of its <16 x i16> sums)
+        self._offsets = [_shuffle(b, self._sc16, [4 * (8 * half + 2 * q + e) + r
+                                                  for half in range(2) for r in range(4) for e in range(2)])
+                         for q in range(4)]
+        self.b = b
+
+    def offset(self, j: int) -> int:
+        h, t = divmod(j, 4)
+        return 128 * h + 32 * t
+
+    def vectors(self, j: int) -> list:
+        b = self.b
+        h, t = divmod(j, 4)
+        ql_seg, qh_seg = 4 * h + 2 * (t & 1), 8 + 2 * h
+        join = ir.Constant(vec(I32, 32), list(range(32)))
+        out = []
+        for k in range(4):
+            ql = b.shuffle_vector(self._load16(64 + 64 * ql_seg + 16 * k), self._load16(64 + 64 * (ql_seg + 1) + 16 * k), join)
+            qh = b.shuffle_vector(self._load16(64 + 64 * qh_seg + 16 * k), self._load16(64 + 64 * (qh_seg + 1) + 16 * k), join)
+            low = b.and_(ql if t < 2 else _shift16(b, ql, -4), _splat8(15))
+            # bits 2t, 2t + 1 of qh to bits 4, 5 (16-bit shifts; the mask drops the neighbour's bits)
+            high = {0: _shift16(b, qh, 4), 1: _shift16(b, qh, 2), 2: qh, 3: _shift16(b, qh, -2)}[t]
+            out.append(b.or_(low, b.and_(high, _splat8(0x30))))
+        return out
+
+    def scale(self, j: int):
+        h, t = divmod(j, 4)
+        g0 = 8 * h + 2 * t
+        return _shuffle(self.b, self._sc16, [4 * (g0 + lane // 8) + (lane % 8) // 2 for lane in range(16)])
+
+    def dot(self, q: list, y, sv):
+        """Pairs of `vpmaddubsw` (each |.| <= 2 x 63 x 128: two fit in int16, four do not)."""
+        b = self.b
+        m = _products(b, q, y)
+        return b.add(_madd(b, b.add(m[0], m[1]), sv), _madd(b, b.add(m[2], m[3]), sv))
+
+    def offsets_dot(self, sums16):
+        """<8 x i32> lanes (half, r): row r's sum over the half's 8 groups of scale x the token's
+        sum of the group (ik_llama.cpp's bsums order: one `vpshufd` per pair of groups)."""
+        b = self.b
+        s32 = b.bitcast(sums16, D32)
+        acc = None
+        for q in range(4):
+            v = _madd(b, self._offsets[q], b.bitcast(_shuffle(b, s32, [q] * 4 + [4 + q] * 4), W16))
+            acc = v if acc is None else b.add(acc, v)
+        return acc
+
+
+def _splat8(v: int):
+    return ir.Constant(V8, [v] * 32)
+
+
+def _shift16(b, v, by: int):
+    """v's bytes shifted in 16-bit lanes (left for by > 0): the caller masks the crossed bits."""
+    w = b.bitcast(v, W16)
+    w = b.shl(w, ir.Constant(W16, [by] * 16)) if by > 0 else b.lshr(w, ir.Constant(W16, [-by] * 16))
+    return b.bitcast(w, V8)
+
+
+def _products(b, q: list, y) -> list:
+    """`vpmaddubsw` of q[k] by the activations' values 4k.. (lane 0) and 16 + 4k.. (lane 1)."""
     y32 = b.bitcast(y, D32)
-    s = None
-    for k in range(4):
-        yk = b.bitcast(_shuffle(b, y32, [k] * 4 + [4 + k] * 4), V8)
-        m = _maddubs(b, nibbles[k], yk)
-        s = m if s is None else b.add(s, m)
-    return s
+    return [_maddubs(b, q[k], b.bitcast(_shuffle(b, y32, [k] * 4 + [4 + k] * 4), V8)) for k in range(4)]
 
 
 def _store4(row: Row, index, value, subtract: bool):
@@ -151,29 +235,40 @@ def _store4(row: Row, index, value, subtract: bool):
     b.store(value, ptr, align=4)
 
 
-def _q4_k_codegen(ntok: int):
-    """4 rows (one x4 group) times ntok tokens: out[o + r] (decode, the mins inside) or
-    out[oo + t * ostride + r] minus what is there (tiles: the mins' product)."""
-    names = _ROW if ntok == 1 else _TILE
+_TILE_SUMS = ("row", "nb", "xq", "xo", "xstride", "xd", "do", "dstride", "xs", "so", "sstride", "out", "oo",
+              "ostride")
+
+
+def _codegen(kind: str, ntok: int):
+    """4 rows (one x4 group) times ntok tokens: out[o + r] (decode) or out[oo + t * ostride + r]
+    (tiles). Q4_K: decode adds the mins; its tiles subtract what `out` holds (the mins' product
+    from BLAS). Q6_K: the -32 against the token's sums per 16 (xs), inside, on both."""
+    q6 = kind == "q6_k"
+    names = _ROW if ntok == 1 else _TILE_SUMS if q6 else _TILE
+    block = _Q6KBlock if q6 else _Q4KBlock
 
     def codegen(context, builder, signature, args):
         b = builder
         row = Row(context, b, signature, args, names, ntok)
         accs = [cgutils.alloca_once_value(b, ir.Constant(F8, [0.0] * 8)) for _ in range(ntok)]
-        macc = cgutils.alloca_once_value(b, ir.Constant(F4, [0.0] * 4)) if ntok == 1 else None
+        macc = cgutils.alloca_once_value(b, ir.Constant(F4, [0.0] * 4)) if ntok == 1 and not q6 else None
         zero = ir.Constant(D32, [0] * 8)
         with cgutils.for_range(b, row.arg["nb"]) as loop:
             i = b.sext(loop.index, I64) if loop.index.type.width < 64 else loop.index
-            blk = _Q4KBlock(row, i)
+            blk = block(row, i)
             xo = [b.add(row.offset("xo", "xstride", t), b.mul(i, _i64(256))) for t in range(ntok)]
             isums = [zero] * ntok
             for j in range(8):
                 sv = blk.scale(j)
-                nib = blk.nibbles(j)
+                q = blk.vectors(j)
                 for t in range(ntok):
-                    y = row.load("xq", b.add(xo[t], _i64(32 * j)), V8, align=1)
-                    isums[t] = b.add(isums[t], _madd(b, _run_sum(b, nib, y), sv))
+                    y = row.load("xq", b.add(xo[t], _i64(blk.offset(j))), V8, align=1)
+                    isums[t] = b.add(isums[t], blk.dot(q, y, sv))
             for t in range(ntok):
+                if q6:
+                    so = b.add(row.offset("so", "sstride", t), b.mul(i, _i64(16)))
+                    corr = blk.offsets_dot(row.load("xs", so, W16, align=2))
+                    isums[t] = b.sub(isums[t], b.shl(corr, ir.Constant(D32, [5] * 8)))
                 xd = row.load("xd", b.add(row.offset("do", "dstride", t), i), F32)
                 b.store(fma(b, b.sitofp(isums[t], F8), b.fmul(blk.d8, _splat(b, xd, 8)), b.load(accs[t])), accs[t])
             if macc is not None:
@@ -184,43 +279,61 @@ def _q4_k_codegen(ntok: int):
         for t in range(ntok):
             a = b.load(accs[t])
             res = b.fadd(_shuffle(b, a, [0, 1, 2, 3]), _shuffle(b, a, [4, 5, 6, 7]))
-            if macc is not None:
-                _store4(row, row.arg["o"], b.fsub(res, b.load(macc)), False)
+            if ntok == 1:
+                _store4(row, row.arg["o"], b.fsub(res, b.load(macc)) if macc is not None else res, False)
             else:
-                _store4(row, b.add(row.arg["oo"], b.mul(row.arg["ostride"], _i64(t))), res, True)
+                _store4(row, b.add(row.arg["oo"], b.mul(row.arg["ostride"], _i64(t))), res, not q6)
         return context.get_dummy_value()
     return codegen
 
 
-@intrinsic
-def q4_k_x4_avx2_dot(typingctx, row, nb, xq, xd, xs, out, o):
-    """out[o + r] = rows 4g + r of an x4 group times one token's Q8_K activations."""
-    return types.void(row, nb, xq, xd, xs, out, o), _q4_k_codegen(1)
-
-
-def _tile_intrinsic(ntok: int):
-    def typer(typingctx, row, nb, xq, xo, xstride, xd, do, dstride, out, oo, ostride):
-        return types.void(row, nb, xq, xo, xstride, xd, do, dstride, out, oo, ostride), _q4_k_codegen(ntok)
-    typer.__name__ = f"q4_k_x4_avx2_tile{ntok}"
+def _row_intrinsic(kind: str):
+    def typer(typingctx, row, nb, xq, xd, xs, out, o):
+        return types.void(row, nb, xq, xd, xs, out, o), _codegen(kind, 1)
+    typer.__name__ = f"{kind}_x4_avx2_dot"
     return intrinsic(typer)
 
 
-# out[oo + t * ostride + r] -= ... for t < 8 (X86_TILE) or 4 (WIDE_TILE, the prompt's tail)
-q4_k_x4_avx2_tile8 = _tile_intrinsic(X86_TILE)
-q4_k_x4_avx2_tile4 = _tile_intrinsic(WIDE_TILE)
+def _tile_intrinsic(kind: str, ntok: int):
+    if kind == "q6_k":
+        def typer(typingctx, row, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, out, oo, ostride):
+            sig = types.void(row, nb, xq, xo, xstride, xd, do, dstride, xs, so, sstride, out, oo, ostride)
+            return sig, _codegen(kind, ntok)
+    else:
+        def typer(typingctx, row, nb, xq, xo, xstride, xd, do, dstride, out, oo, ostride):  # type: ignore[misc]
+            return types.void(row, nb, xq, xo, xstride, xd, do, dstride, out, oo, ostride), _codegen(kind, ntok)
+    typer.__name__ = f"{kind}_x4_avx2_tile{ntok}"
+    return intrinsic(typer)
+
+
+# out[o + r] = rows 4g + r of an x4 group times one token's Q8_K activations (decode)
+q4_k_x4_avx2_dot = _row_intrinsic("q4_k")
+q6_k_x4_avx2_dot = _row_intrinsic("q6_k")
+# out[oo + t * ostride + r] for t < 8 (X86_TILE) or 4 (WIDE_TILE, the prompt's tail); Q4_K:
+# minus what is there (the mins' product)
+q4_k_x4_avx2_tile8 = _tile_intrinsic("q4_k", X86_TILE)
+q4_k_x4_avx2_tile4 = _tile_intrinsic("q4_k", WIDE_TILE)
+q6_k_x4_avx2_tile8 = _tile_intrinsic("q6_k", X86_TILE)
+q6_k_x4_avx2_tile4 = _tile_intrinsic("q6_k", WIDE_TILE)
 
 
 @njit(**MV)
-def mv_q4_k_x4(w4, xq, xd, xs16, out, rows):
+def mv_k_x4_avx2(w4, xq, xd, xs16, out, rows, q6):
     # decode: a group of 4 rows per intrinsic call; the last, partial group through a scratch
     nb = xd.shape[0]
     full = rows // 4
     for g in prange(w4.shape[0]):
         if g < full:
-            q4_k_x4_avx2_dot(w4[g], nb, xq, xd, xs16, out, 4 * g)
+            if q6:
+                q6_k_x4_avx2_dot(w4[g], nb, xq, xd, xs16, out, 4 * g)
+            else:
+                q4_k_x4_avx2_dot(w4[g], nb, xq, xd, xs16, out, 4 * g)
         else:
             tmp = np.empty(4, np.float32)
-            q4_k_x4_avx2_dot(w4[g], nb, xq, xd, xs16, tmp, 0)
+            if q6:
+                q6_k_x4_avx2_dot(w4[g], nb, xq, xd, xs16, tmp, 0)
+            else:
+                q4_k_x4_avx2_dot(w4[g], nb, xq, xd, xs16, tmp, 0)
             for r in range(rows - 4 * g):
                 out[4 * g + r] = tmp[r]
 
@@ -229,10 +342,11 @@ _CHUNK = ROW_CHUNK // 4  # groups per chunk: the tile's activations stay in L1 a
 
 
 @njit(**MV)
-def mm_q4_k_x4(w4, xq, xd, out, rows):
-    # prefill: out (Tp * rows, flat) holds the mins' product on entry, which the tiles subtract;
-    # Tp is a multiple of WIDE_TILE: passes of 8 tokens, a last one of 4 where Tp is not a
-    # multiple of 8. The last, partial group of rows goes through a 4-row scratch.
+def mm_k_x4_avx2(w4, xq, xd, xs16, out, rows, q6):
+    # prefill: out (Tp * rows, flat); Q4_K: it holds the mins' product on entry, which the tiles
+    # subtract (xs16 unused); Q6_K: the tiles overwrite it. Tp is a multiple of WIDE_TILE:
+    # passes of 8 tokens, a last one of 4 where Tp is not a multiple of 8. The last, partial
+    # group of rows goes through a 4-row scratch.
     tp = out.shape[0] // rows
     nb = xd.shape[0] // tp
     cols = nb * 256
@@ -250,7 +364,14 @@ def mm_q4_k_x4(w4, xq, xd, out, rows):
                     dst, o, stride = tmp, 0, 4
                 else:
                     dst, o, stride = out, t0 * rows + 4 * g, rows
-                if n == X86_TILE:
+                if q6:
+                    if n == X86_TILE:
+                        q6_k_x4_avx2_tile8(w4[g], nb, xq, t0 * cols, cols, xd, t0 * nb, nb,
+                                           xs16, t0 * nb * 16, nb * 16, dst, o, stride)
+                    else:
+                        q6_k_x4_avx2_tile4(w4[g], nb, xq, t0 * cols, cols, xd, t0 * nb, nb,
+                                           xs16, t0 * nb * 16, nb * 16, dst, o, stride)
+                elif n == X86_TILE:
                     q4_k_x4_avx2_tile8(w4[g], nb, xq, t0 * cols, cols, xd, t0 * nb, nb, dst, o, stride)
                 else:
                     q4_k_x4_avx2_tile4(w4[g], nb, xq, t0 * cols, cols, xd, t0 * nb, nb, dst, o, stride)
