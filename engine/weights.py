@@ -24,7 +24,8 @@ from gguf import GGMLQuantizationType
 
 from engine.gguf_file import TensorView
 from engine.quant import formats, kernels
-from engine.quant.activations import Q8KTokens, activation_format, quantize_q8_k_tokens, round_activations
+from engine.quant.activations import (Q8KTokens, Q80Tokens, activation_format, quantize_q8_0_tokens, quantize_q8_k_tokens,
+                                      round_activations)
 
 
 SHORT_PREFILL = kernels.SHORT_PREFILL  # the measurement is beside it in kernels.py
@@ -61,6 +62,9 @@ class ScratchBuffer:
 
     def q8k_tokens(self, x: np.ndarray) -> Q8KTokens:
         return self._memo(x, "q8_k tokens", lambda: quantize_q8_k_tokens(x, kernels.WIDE_TILE))
+
+    def q8_0_tokens(self, x: np.ndarray, dtype) -> Q80Tokens:
+        return self._memo(x, f"q8_0 tokens {np.dtype(dtype).name}", lambda: quantize_q8_0_tokens(x, kernels.TILE, dtype))
 
     def forget(self) -> None:
         """Drop the held input and its preparation (the end of a forward)."""
@@ -100,12 +104,15 @@ class Linear:
             self._matvec_plan()(x[0], out[0])  # rounds the activations as llama.cpp does
             return out
         # ask before building the plan: for other formats it would prepare decode-only scales
-        if self._int8_prefill and activation_format(self.qtype) == "q8_k":
-            return self._matvec_plan().tokens_q8k(self._scratch.q8k_tokens(x))
-        if self._int8_prefill:  # Q8_0 on arm64, IQ4_NL (kernels.has_int8_prefill): Q8_0 activations
-            return self._matvec_plan().tokens(x)
-        if x.shape[0] <= SHORT_PREFILL and self._multi_token:
-            return self._matvec_plan().tokens(x)
+        if self._int8_prefill or (x.shape[0] <= SHORT_PREFILL and self._multi_token):
+            # the activations quantized once per input for all the matrices that read it: Q8_K
+            # (the K formats, Q2_K .. IQ3_S) or Q8_0 (Q8_0, IQ4_NL, Q4_0, Q5_0); Q8_1's (Q4_1,
+            # Q5_1) per product
+            plan = self._matvec_plan()
+            if activation_format(self.qtype) == "q8_k":
+                return plan.tokens_q8k(self._scratch.q8k_tokens(x))
+            dtype = plan.q8_0_dtype()
+            return plan.tokens(x) if dtype is None else plan.tokens_q8_0(self._scratch.q8_0_tokens(x, dtype))
         x = self._scratch.rounded(x, self.qtype)
         w = self._scratch.take(self.out_features, self.in_features)
         kernels.dequantize_rows_into(self.qtype, self.raw, w)

@@ -141,6 +141,31 @@ def _permute_p16(q, d, sums16, qp, xsf):
             xsf[blk * 16 + k] = d[blk] * np.float32(sums16[blk * 16 + k])
 
 
+@dataclass
+class Q80Tokens:
+    """T tokens of activations quantized to Q8_0 for the multi-token int8 tiles, padded with
+    zero tokens to `padded` (a multiple of the tile): q (padded * cols) in the dtype the tiles
+    load (int8, or int16 for int8_dot's x86 rows), d (padded * cols/32) f32 block scales."""
+
+    q: np.ndarray
+    d: np.ndarray
+    tokens: int
+    padded: int
+
+
+def quantize_q8_0_tokens(x: np.ndarray, tile: int, dtype) -> Q80Tokens:
+    """x (T, cols) f32, cols a multiple of 32 -> Q80Tokens padded to a multiple of `tile`;
+    blocks never straddle tokens, so all tokens quantize in one call."""
+    t, cols = x.shape
+    if cols % 32:
+        raise ValueError(f"Q8_0 activations need a multiple of 32 values per token, got {cols}")
+    tp = -(-t // tile) * tile
+    q = np.zeros(tp * cols, dtype)
+    d = np.zeros(tp * cols // 32, np.float32)
+    quantize_q8_0(np.ascontiguousarray(x, dtype=np.float32).reshape(-1), q[:t * cols], d[:t * cols // 32])
+    return Q80Tokens(q, d, t, tp)
+
+
 def quantize_q8_k_tokens(x: np.ndarray, tile: int) -> Q8KTokens:
     """x (T, cols) f32, cols a multiple of 256 -> Q8KTokens padded to a multiple of `tile`."""
     t, cols = x.shape

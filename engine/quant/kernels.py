@@ -29,7 +29,8 @@ from gguf import GGMLQuantizationType as T
 
 from engine.jit import SERIAL_BELOW, serial_twin
 
-from .activations import Q8KTokens, quantize_q8_0, quantize_q8_1, quantize_q8_k, quantize_q8_k_tokens, round_activations
+from .activations import (Q8KTokens, Q80Tokens, quantize_q8_0, quantize_q8_0_tokens, quantize_q8_1, quantize_q8_k,
+                          quantize_q8_k_tokens, round_activations)
 from .arm.tiles import q4_k_mins_x4
 from .arm.x4 import release_pages, repack_x4
 from .float_kernels import prepare_scales
@@ -180,6 +181,8 @@ class MatvecPlan:
             raise ValueError(f"{self.qtype.name}: no multi-token integer kernel on {platform.machine()}")
         if k.q8_0 is None:
             return self.tokens_q8k(quantize_q8_k_tokens(x, WIDE_TILE))
+        if not k.q8_1:
+            return self.tokens_q8_0(quantize_q8_0_tokens(x, TILE, k.q8_0))
         t = x.shape[0]
         tp = -(-t // TILE) * TILE
         cols = self.cols
@@ -189,14 +192,32 @@ class MatvecPlan:
         # (cols is a multiple of the block), so all tokens quantize in one call
         xq = np.zeros(tp * cols, k.q8_0)
         xd = np.zeros(tp * cols // 32, np.float32)
-        if k.q8_1:
-            xs = np.zeros(tp * cols // 32, np.float32)
-            quantize_q8_1(flat, xq[:t * cols], xd[:t * cols // 32], xs[:t * cols // 32])
-            k.tile(self.w, xq, xd, xs, out)
-            return out[:t]
-        quantize_q8_0(flat, xq[:t * cols], xd[:t * cols // 32])
-        k.tile(self.w, xq, xd, out)
+        xs = np.zeros(tp * cols // 32, np.float32)
+        quantize_q8_1(flat, xq[:t * cols], xd[:t * cols // 32], xs[:t * cols // 32])
+        k.tile(self.w, xq, xd, xs, out)
         return out[:t]
+
+    def q8_0_dtype(self):
+        """The Q8_0 activations' dtype this plan's tiles take (for `tokens_q8_0`), or None."""
+        k = self.k
+        return k.q8_0 if k is not None and not k.q8_1 else None
+
+    def tokens_q8_0(self, a: Q80Tokens) -> np.ndarray:
+        """`tokens` for a format with Q8_0 activations, already quantized (quantize_q8_0_tokens
+        with TILE and `q8_0_dtype()`): the projections that read one input share them."""
+        k = self.k
+        if k is None or k.q8_0 is None or k.q8_1:
+            raise ValueError(f"{self.qtype.name}: no multi-token integer kernel against Q8_0 activations here")
+        if a.q.dtype != k.q8_0 or a.padded % TILE or a.q.size != a.padded * self.cols:
+            raise ValueError(f"activations of {a.q.size // max(a.padded, 1)} {a.q.dtype} values per token "
+                             f"padded to {a.padded} tokens; this matrix takes {self.cols} {np.dtype(k.q8_0)} "
+                             f"per token, padded to a multiple of {TILE}")
+        out = np.empty((a.padded, self.rows), np.float32)
+        if k.tile_call == TileCall.X4:
+            k.tile(self.w, a.q, a.d, out.reshape(-1), self.rows, *k.tile_args)
+        else:
+            k.tile(self.w, a.q, a.d, out)
+        return out[:a.tokens]
 
     def tokens_q8k(self, a: Q8KTokens) -> np.ndarray:
         """`tokens` for a Q8_K format from activations already quantized (quantize_q8_k_tokens
@@ -238,7 +259,7 @@ class MatvecPlan:
             return
         if k is not None and k.q8_0 is not None:
             quantize_q8_0(x, self.xq, self.xd)
-            self.kernel(self.w, self.xq, self.xd, out)
+            self.kernel(self.w, self.xq, self.xd, out, *self.args)
             return
         if k is not None:
             quantize_q8_k(x, self.xq, self.xd, self.xs16)

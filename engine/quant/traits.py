@@ -122,11 +122,14 @@ def _x86_rows(t: paths.Target) -> dict[T, Int8Kernels]:
 # The other x86 levels keep int8_dot's rows until measured there (AVX-VNNI's `vpdpbusd`,
 # AVX-512's 512-bit tiles).
 def _k_x4_avx2() -> dict[T, Int8Kernels]:
-    from .x86.x4 import mm_k_x4_avx2, mv_k_x4_avx2
+    from .x86.x4 import mm_k_x4_avx2, mm_q8_0_x4_avx2, mv_k_x4_avx2, mv_q8_0_x4_avx2
 
-    return {qt: Int8Kernels(mv_k_x4_avx2, mm_k_x4_avx2, TileCall.X4_SUMS, Level.AVX2, "avx2-int8x4", (q6,), (q6,),
+    rows = {qt: Int8Kernels(mv_k_x4_avx2, mm_k_x4_avx2, TileCall.X4_SUMS, Level.AVX2, "avx2-int8x4", (q6,), (q6,),
                             mins_block=0 if q6 else 144, x4=True, every_length=True)
             for qt, q6 in ((T.Q4_K, False), (T.Q6_K, True))}
+    rows[T.Q8_0] = Int8Kernels(mv_q8_0_x4_avx2, mm_q8_0_x4_avx2, TileCall.X4, Level.AVX2, "avx2-int8x4",
+                               q8_0=np.int8, x4=True, every_length=True)
+    return rows
 
 
 def _arm_rows(level: Level) -> dict[T, Int8Kernels]:

@@ -224,8 +224,8 @@ def test_forward_capturing_returns_the_prefix_states_of_one_pass(model_factory, 
 
 @pytest.mark.parametrize("weights_type", ["Q4_K_M", "Q8_0"])
 def test_projections_of_one_input_round_it_once(model_factory, monkeypatch, weights_type):
-    """A batched prefill rounds (Q8_0 past SHORT_PREFILL: dequantize + BLAS) or quantizes (the
-    K formats' int8 kernels) each layer input once for all the matrices that read it (qkv,
+    """A batched prefill rounds (dequantize + BLAS) or quantizes (the int8 tiles: Q8_K for the K
+    formats, Q8_0 for Q8_0) each layer input once for all the matrices that read it (qkv,
     gate, beta, alpha / q, k, v / FFN gate, up) and once for each output projection: four per
     layer, not eight; and the logits are the same as preparing it per matrix."""
     from engine import weights
@@ -236,11 +236,13 @@ def test_projections_of_one_input_round_it_once(model_factory, monkeypatch, weig
     if weights_type == "Q4_K_M" and any(k_tiles) and not all(k_tiles):
         pytest.skip("Q4_K_M runs Q4_K in tiles and Q6_K in dequantize + BLAS here: an input read by both "
                     "is prepared both ways")
-    int8 = weights_type == "Q4_K_M" and all(k_tiles)
-    prepare = "quantize_q8_k_tokens" if int8 else "round_activations"
+    if weights_type == "Q4_K_M":
+        prepare = "quantize_q8_k_tokens" if all(k_tiles) else "round_activations"
+    else:  # Q8_0: the x4 tiles at every length (AVX2) or dequantize + BLAS past SHORT_PREFILL
+        prepare = "quantize_q8_0_tokens" if kernels.has_int8_prefill(GGMLQuantizationType.Q8_0) else "round_activations"
     calls = []
     real = getattr(weights, prepare)
-    monkeypatch.setattr(weights, prepare, lambda x, t: calls.append(x.shape) or real(x, t))
+    monkeypatch.setattr(weights, prepare, lambda x, *a: calls.append(x.shape) or real(x, *a))
     shared = model.forward(ids, model.new_state(), logits="last")
     assert len(calls) == 4 * model.config.n_layer, len(calls)
     assert model.scratch._prepared is None  # nothing held past the forward

@@ -18,7 +18,7 @@ on_avx2 = pytest.mark.skipif(paths.target().level != "avx2",
                              reason="the AVX2 level (make test-avx2 pins it on any x86_64)")
 
 
-FORMATS = [T.Q4_K, T.Q6_K]
+FORMATS = [T.Q4_K, T.Q6_K, T.Q8_0]
 fmt = pytest.mark.parametrize("qtype", FORMATS, ids=lambda t: t.name)
 
 
@@ -65,15 +65,15 @@ def test_tiles_are_the_exact_product(qtype, tokens, cols):
 
 
 @on_avx2
-@pytest.mark.parametrize("qtype,byte,bit", [(T.Q4_K, 16 + 77, 0x10), (T.Q6_K, 128 + 50, 0x20)],
-                         ids=["Q4_K-high-nibble", "Q6_K-high-bits"])
+@pytest.mark.parametrize("qtype,byte,bit", [(T.Q4_K, 16 + 77, 0x10), (T.Q6_K, 128 + 50, 0x20), (T.Q8_0, 3 * 34 + 19, 0x80)],
+                         ids=["Q4_K-high-nibble", "Q6_K-high-bits", "Q8_0-sign"])
 def test_a_flipped_weight_bit_changes_only_its_row(qtype, byte, bit):
     rows, cols = 8, 256
     raw = _random_blocks(qtype, rows, cols, 5)
     x = np.random.default_rng(6).standard_normal((4, cols), dtype=np.float32)
     before = K.MatvecPlan(qtype, raw, rows, cols).tokens(x)
     bad = raw.copy()
-    bad[5, byte] ^= bit  # row 5: a quant's high nibble (Q4_K qs) or one of its top bits (Q6_K qh)
+    bad[5, byte] ^= bit  # row 5: a quant's high nibble (Q4_K qs), a top bit (Q6_K qh), a sign (Q8_0)
     after = K.MatvecPlan(qtype, bad, rows, cols).tokens(x)
     changed = np.any(before != after, axis=0)
     assert changed.tolist() == [r == 5 for r in range(rows)]
@@ -90,7 +90,8 @@ def test_x4_kernels_are_vector_integer_code(qtype):
     plan = K.MatvecPlan(qtype, _random_blocks(qtype, rows, cols, 3), rows, cols)
     plan(np.ones(cols, np.float32), np.empty(rows, np.float32))
     plan.tokens(np.ones((12, cols), np.float32))
-    for kernel in (X.mv_k_x4_avx2, X.mm_k_x4_avx2):
+    kernels = (X.mv_q8_0_x4_avx2, X.mm_q8_0_x4_avx2) if qtype == T.Q8_0 else (X.mv_k_x4_avx2, X.mm_k_x4_avx2)
+    for kernel in kernels:
         asm = "\n".join(asm_of(kernel))
-        for op in ("vpmaddubsw", "vpmaddwd", "vpshufd", "vinserti128", "prefetcht0"):
+        for op in ("vpmaddubsw", "vpmaddwd", "vpshufd", "vinserti128", "prefetcht0") + (("vpsignb",) if qtype == T.Q8_0 else ()):
             assert f"\t{op}\t" in asm, f"{kernel.__name__}: no {op}"

@@ -39,9 +39,13 @@ from engine.quant.arm.neon import V4, V16, c8, sdot, smmla, zip64
 # sums are needed; Q4_K's mins go against the activations' sums per 32 (decode: `smlal` by
 # element into an i32 vector per 4 rows; tiles: one small float product, as every tile).
 # Rows beyond the last multiple of 4 are zero rows (d = 0) whose results are dropped.
+#   Q8_0 x4 block, 136 bytes (4 x 34; x86/x4.py only, arm64 keeps its row-pair kernels):
+#     d[4] f16, 2 segments x 64 bytes (values 0-15, 16-31)
 X4 = 4
-X4_BLOCK = {"q4_k": 592, "q6_k": 840}
-_X4_KIND = {T.Q4_K: "q4_k", T.Q6_K: "q6_k"}
+X4_BLOCK = {"q4_k": 592, "q6_k": 840, "q8_0": 136}
+_X4_KIND = {T.Q4_K: "q4_k", T.Q6_K: "q6_k", T.Q8_0: "q8_0"}
+_ROW_BLOCK = {"q4_k": 144, "q6_k": 210, "q8_0": 34}  # a row's block bytes
+X4_VALUES = {"q4_k": 256, "q6_k": 256, "q8_0": 32}  # values per block
 
 
 def release_pages(w) -> None:
@@ -79,12 +83,12 @@ def _k4_scales_mins(sc):
 
 
 def repack_x4(qtype, w):
-    """The (rows, row bytes) uint8 matrix `w` of Q4_K or Q6_K as x4 blocks: (ceil(rows / 4),
+    """The (rows, row bytes) uint8 matrix `w` of Q4_K, Q6_K (or x86's Q8_0) as x4 blocks: (ceil(rows / 4),
     blocks per row * X4_BLOCK) uint8. Pure byte moves (numpy, 4-byte elements where they can
     be): the quants are the same bits, the scales the same values."""
     kind = _X4_KIND[T(qtype)]
     rows, rb = w.shape
-    size = {"q4_k": 144, "q6_k": 210}[kind]
+    size = _ROW_BLOCK[kind]
     nb = rb // size
     groups = -(-rows // X4)
     out = np.empty((groups, nb, X4_BLOCK[kind]), np.uint8)
@@ -104,12 +108,19 @@ def repack_x4(qtype, w):
             o[..., 16:48] = s.transpose(0, 2, 3, 1).reshape(-1, nb, 32)
             o[..., 48:80] = m.transpose(0, 2, 3, 1).reshape(-1, nb, 32)
             q0, nseg, qo = 16, 8, 80
+        elif kind == "q8_0":
+            o[..., 0:8] = blk[..., 0:2].transpose(0, 2, 1, 3).reshape(-1, nb, 8)
+            q0, nseg, qo = 2, 2, 8
         else:
             o[..., 0:64] = blk[..., 192:208].transpose(0, 2, 3, 1).reshape(-1, nb, 64)
             o[..., 832:840] = blk[..., 208:210].transpose(0, 2, 1, 3).reshape(-1, nb, 8)
             q0, nseg, qo = 0, 12, 64
-        q = blk[..., q0:q0 + 16 * nseg].view(np.uint32).reshape(-1, X4, nb, nseg, 4)   # (g, r, i, s, k)
-        o[..., qo:qo + 64 * nseg].view(np.uint32).reshape(-1, nb, nseg, 4, X4)[...] = q.transpose(0, 2, 3, 4, 1)
+        # 4-byte elements where the bytes are aligned (Q8_0's quants start at byte 2: bytes)
+        q = blk[..., q0:q0 + 16 * nseg]
+        q = q.view(np.uint32).reshape(-1, X4, nb, nseg, 4) if q0 % 4 == 0 else q.reshape(-1, X4, nb, nseg, 4, 4)
+        dst = o[..., qo:qo + 64 * nseg]
+        dst = dst.view(np.uint32).reshape(-1, nb, nseg, 4, X4) if q0 % 4 == 0 else dst.reshape(-1, nb, nseg, 4, X4, 4)
+        dst[...] = q.transpose(0, 2, 3, 4, 1, *range(5, q.ndim))   # (g, i, s, k, r[, e])
     return out.reshape(groups, nb * X4_BLOCK[kind])
 
 
@@ -134,6 +145,11 @@ def dequantize_x4(qtype, w4, rows: int):
                 o = 64 * c[seg] + 32 * half + 16 * hh[seg]
                 q = nib.transpose(0, 1, 3, 2, 4).reshape(groups, nb, X4, 16).astype(np.float32)
                 vals[..., o:o + 16] = (d * s[:, :, run])[..., None] * q - (dmin * m[:, :, run])[..., None]
+    elif kind == "q8_0":
+        d = f16(blk[..., 0:8])                                          # (g, i, r)
+        v = blk[..., 8:136].view(np.int8).reshape(groups, nb, 2, 4, X4, 4)   # (g, i, s, k, r, e)
+        q = v.transpose(0, 1, 4, 2, 3, 5).reshape(groups, nb, X4, 32).astype(np.float32)
+        return (d[..., None] * q).transpose(0, 2, 1, 3).reshape(groups * X4, nb * 32)[:rows]
     else:
         d = f16(blk[..., 832:840])
         s = blk[..., 0:64].view(np.int8).reshape(groups, nb, 16, X4).astype(np.float32)

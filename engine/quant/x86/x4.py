@@ -37,7 +37,7 @@ from engine.quant.int8_dot import F32, I8, I16, I32, I64, Row, WIDE_TILE, array_
 from engine.quant.int8_kernels import ROW_CHUNK
 from engine.quant.njit_base import MV
 
-__all__ = ["X86_TILE", "mm_k_x4_avx2", "mv_k_x4_avx2"]
+__all__ = ["X86_TILE", "mm_k_x4_avx2", "mm_q8_0_x4_avx2", "mv_k_x4_avx2", "mv_q8_0_x4_avx2"]
 
 V8 = vec(I8, 32)
 W16 = vec(I16, 16)
@@ -87,6 +87,8 @@ class _Q4KBlock:
     """x4 block i of Q4_K: `vectors(j)` the 4 vectors of run j (k = 0..3), `scale(j)` the rows'
     scales of run j against a `vpmaddubsw` result, d8 the rows' d in both 128-bit lanes, dmin4
     and the mins (decode)."""
+
+    RUNS, VALUES = 8, 256
 
     def __init__(self, row: Row, i):
         b = row.b
@@ -152,6 +154,8 @@ class _Q6KBlock:
     -32 goes against the token's sums per 16: `offsets_dot`), `scale(j)` the rows' scales of
     g0 and g0 + 1 against a `vpmaddubsw` result."""
 
+    RUNS, VALUES = 8, 256
+
     def __init__(self, row: Row, i):
         b = row.b
         size = X4_BLOCK["q6_k"]
@@ -210,6 +214,53 @@ class _Q6KBlock:
         return acc
 
 
+class _Q80Block:
+    """x4 block i of Q8_0: one run of 32 values per 4 rows, its 4 vectors of int8 quants. AVX2
+    multiplies unsigned by signed bytes, so the quants' magnitudes (`vpabsb`, once per block and
+    8 tokens) go against the activations with the quants' signs (`vpsignb`: Q8_0 activations
+    are -127..127, so the sign flip never overflows); each `vpmaddubsw` pair (|.| <= 2 x 128 x
+    127) widens alone (`vpmaddwd` by ones), as llama.cpp's Q8_0 dot does."""
+
+    RUNS, VALUES = 1, 32
+
+    def __init__(self, row: Row, i):
+        b = row.b
+        size = X4_BLOCK["q8_0"]
+        p = b.mul(i, _i64(size))
+        prefetch(row, p, size)
+        join = ir.Constant(vec(I32, 32), list(range(32)))
+        load16 = lambda off: row.load("row", b.add(p, _i64(off)), vec(I8, 16), align=1)  # noqa: E731
+        self._q = [b.shuffle_vector(load16(8 + 16 * k), load16(8 + 64 + 16 * k), join) for k in range(4)]
+        self.d8 = _shuffle(b, _f16x4(row, p), [0, 1, 2, 3] * 2)
+        self.b = b
+
+    def offset(self, j: int) -> int:
+        return 0
+
+    def vectors(self, j: int) -> list:
+        return [(_abs8(self.b, q), q) for q in self._q]
+
+    def scale(self, j: int):
+        return None
+
+    def dot(self, q: list, y, sv):
+        b = self.b
+        y32 = b.bitcast(y, D32)
+        ones = ir.Constant(W16, [1] * 16)
+        acc = None
+        for k, (mag, sign) in enumerate(q):
+            yk = b.bitcast(_shuffle(b, y32, [k] * 4 + [4 + k] * 4), V8)
+            v = _madd(b, _maddubs(b, mag, x86_call(b, "llvm.x86.avx2.psign.b", V8, [yk, sign])), ones)
+            acc = v if acc is None else b.add(acc, v)
+        return acc
+
+
+def _abs8(b, v):
+    """|v| per byte (`vpabsb`; -128 stays 0x80, which `vpmaddubsw` reads as 128)."""
+    neg = b.icmp_signed("<", v, ir.Constant(V8, [0] * 32))
+    return b.select(neg, b.sub(ir.Constant(V8, [0] * 32), v), v)
+
+
 def _splat8(v: int):
     return ir.Constant(V8, [v] * 32)
 
@@ -235,6 +286,7 @@ def _store4(row: Row, index, value, subtract: bool):
     b.store(value, ptr, align=4)
 
 
+_ROW_Q8_0 = ("row", "nb", "xq", "xd", "out", "o")
 _TILE_SUMS = ("row", "nb", "xq", "xo", "xstride", "xd", "do", "dstride", "xs", "so", "sstride", "out", "oo",
               "ostride")
 
@@ -244,21 +296,25 @@ def _codegen(kind: str, ntok: int):
     (tiles). Q4_K: decode adds the mins; its tiles subtract what `out` holds (the mins' product
     from BLAS). Q6_K: the -32 against the token's sums per 16 (xs), inside, on both."""
     q6 = kind == "q6_k"
-    names = _ROW if ntok == 1 else _TILE_SUMS if q6 else _TILE
-    block = _Q6KBlock if q6 else _Q4KBlock
+    names: tuple[str, ...]
+    if ntok == 1:
+        names = _ROW_Q8_0 if kind == "q8_0" else _ROW
+    else:
+        names = _TILE_SUMS if q6 else _TILE
+    block = {"q4_k": _Q4KBlock, "q6_k": _Q6KBlock, "q8_0": _Q80Block}[kind]
 
     def codegen(context, builder, signature, args):
         b = builder
         row = Row(context, b, signature, args, names, ntok)
         accs = [cgutils.alloca_once_value(b, ir.Constant(F8, [0.0] * 8)) for _ in range(ntok)]
-        macc = cgutils.alloca_once_value(b, ir.Constant(F4, [0.0] * 4)) if ntok == 1 and not q6 else None
+        macc = cgutils.alloca_once_value(b, ir.Constant(F4, [0.0] * 4)) if ntok == 1 and kind == "q4_k" else None
         zero = ir.Constant(D32, [0] * 8)
         with cgutils.for_range(b, row.arg["nb"]) as loop:
             i = b.sext(loop.index, I64) if loop.index.type.width < 64 else loop.index
             blk = block(row, i)
-            xo = [b.add(row.offset("xo", "xstride", t), b.mul(i, _i64(256))) for t in range(ntok)]
+            xo = [b.add(row.offset("xo", "xstride", t), b.mul(i, _i64(block.VALUES))) for t in range(ntok)]
             isums = [zero] * ntok
-            for j in range(8):
+            for j in range(block.RUNS):
                 sv = blk.scale(j)
                 q = blk.vectors(j)
                 for t in range(ntok):
@@ -282,14 +338,18 @@ def _codegen(kind: str, ntok: int):
             if ntok == 1:
                 _store4(row, row.arg["o"], b.fsub(res, b.load(macc)) if macc is not None else res, False)
             else:
-                _store4(row, b.add(row.arg["oo"], b.mul(row.arg["ostride"], _i64(t))), res, not q6)
+                _store4(row, b.add(row.arg["oo"], b.mul(row.arg["ostride"], _i64(t))), res, kind == "q4_k")
         return context.get_dummy_value()
     return codegen
 
 
 def _row_intrinsic(kind: str):
-    def typer(typingctx, row, nb, xq, xd, xs, out, o):
-        return types.void(row, nb, xq, xd, xs, out, o), _codegen(kind, 1)
+    if kind == "q8_0":
+        def typer(typingctx, row, nb, xq, xd, out, o):
+            return types.void(row, nb, xq, xd, out, o), _codegen(kind, 1)
+    else:
+        def typer(typingctx, row, nb, xq, xd, xs, out, o):  # type: ignore[misc]
+            return types.void(row, nb, xq, xd, xs, out, o), _codegen(kind, 1)
     typer.__name__ = f"{kind}_x4_avx2_dot"
     return intrinsic(typer)
 
@@ -315,6 +375,9 @@ q4_k_x4_avx2_tile8 = _tile_intrinsic("q4_k", X86_TILE)
 q4_k_x4_avx2_tile4 = _tile_intrinsic("q4_k", WIDE_TILE)
 q6_k_x4_avx2_tile8 = _tile_intrinsic("q6_k", X86_TILE)
 q6_k_x4_avx2_tile4 = _tile_intrinsic("q6_k", WIDE_TILE)
+q8_0_x4_avx2_dot = _row_intrinsic("q8_0")
+q8_0_x4_avx2_tile8 = _tile_intrinsic("q8_0", X86_TILE)
+q8_0_x4_avx2_tile4 = _tile_intrinsic("q8_0", WIDE_TILE)
 
 
 @njit(**MV)
@@ -375,6 +438,47 @@ def mm_k_x4_avx2(w4, xq, xd, xs16, out, rows, q6):
                     q4_k_x4_avx2_tile8(w4[g], nb, xq, t0 * cols, cols, xd, t0 * nb, nb, dst, o, stride)
                 else:
                     q4_k_x4_avx2_tile4(w4[g], nb, xq, t0 * cols, cols, xd, t0 * nb, nb, dst, o, stride)
+                if partial:
+                    for t in range(n):
+                        for r in range(rows - 4 * g):
+                            out[(t0 + t) * rows + 4 * g + r] = tmp[4 * t + r]
+
+
+# Q8_0 (TileCall.X4 and the Q8_0 row call, int8 activations): the same loops as the K formats'
+@njit(**MV)
+def mv_q8_0_x4_avx2(w4, xq, xd, out, rows):
+    nb = xd.shape[0]
+    full = rows // 4
+    for g in prange(w4.shape[0]):
+        if g < full:
+            q8_0_x4_avx2_dot(w4[g], nb, xq, xd, out, 4 * g)
+        else:
+            tmp = np.empty(4, np.float32)
+            q8_0_x4_avx2_dot(w4[g], nb, xq, xd, tmp, 0)
+            for r in range(rows - 4 * g):
+                out[4 * g + r] = tmp[r]
+
+
+@njit(**MV)
+def mm_q8_0_x4_avx2(w4, xq, xd, out, rows):
+    tp = out.shape[0] // rows
+    nb = xd.shape[0] // tp
+    cols = nb * 32
+    groups = w4.shape[0]
+    for c in prange((groups + _CHUNK - 1) // _CHUNK):
+        tmp = np.empty(4 * X86_TILE, np.float32)
+        for t0 in range(0, tp, X86_TILE):
+            n = min(X86_TILE, tp - t0)
+            for g in range(c * _CHUNK, min(groups, (c + 1) * _CHUNK)):
+                partial = 4 * g + 4 > rows
+                if partial:
+                    dst, o, stride = tmp, 0, 4
+                else:
+                    dst, o, stride = out, t0 * rows + 4 * g, rows
+                if n == X86_TILE:
+                    q8_0_x4_avx2_tile8(w4[g], nb, xq, t0 * cols, cols, xd, t0 * nb, nb, dst, o, stride)
+                else:
+                    q8_0_x4_avx2_tile4(w4[g], nb, xq, t0 * cols, cols, xd, t0 * nb, nb, dst, o, stride)
                 if partial:
                     for t in range(n):
                         for r in range(rows - 4 * g):
