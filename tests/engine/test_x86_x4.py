@@ -95,3 +95,21 @@ def test_x4_kernels_are_vector_integer_code(qtype):
         asm = "\n".join(asm_of(kernel))
         for op in ("vpmaddubsw", "vpmaddwd", "vpshufd", "vinserti128", "prefetcht0") + (("vpsignb",) if qtype == T.Q8_0 else ()):
             assert f"\t{op}\t" in asm, f"{kernel.__name__}: no {op}"
+
+
+@pytest.mark.parametrize("rows", [1, 4, 7, 24])
+def test_q8_0_x4_layout_holds_the_rows_weights(rows):
+    # numpy and the repack loop only, so it runs everywhere: the repacked bytes (a partial last
+    # group padded with zero rows) decode to exactly gguf.quants' weights
+    from gguf import quants as gq
+
+    from engine.quant.arm import x4
+
+    cols = 96
+    raw = _random_blocks(T.Q8_0, rows, cols, rows)
+    w4 = x4.repack_x4(T.Q8_0, raw)
+    assert w4.shape == (-(-rows // 4), cols // 32 * x4.X4_BLOCK["q8_0"])
+    want = gq.dequantize(raw, T.Q8_0).reshape(rows, cols).astype(np.float32)
+    np.testing.assert_array_equal(x4.dequantize_x4(T.Q8_0, w4, rows), want)
+    if rows % 4:  # the padding rows' bytes of the last group's first vector are zeros
+        assert not w4[-1, 8 + 4 * (rows % 4):8 + 16].any()
