@@ -406,6 +406,9 @@ class Engine:
         decode_ms = (time.perf_counter() - t1) * 1e3
         return GenerationResult(text=text, token_ids=out, finish_reason=finish, prompt_tokens=len(ids),
                                 max_tokens=limit, deadline_hit=deadline_hit, tokenize_ms=tokenize_ms,
-                                decode_ms=decode_ms, prefill=pre, logprobs=pick.logprobs,
+                                decode_ms=decode_ms, prefill=pre,
+                                # one entry per token of `out`: not the end-of-generation token
+                                # picked last, which the text and the usage leave out too
+                                logprobs=pick.logprobs[:len(out)] if pick.logprobs is not None else None,
                                 grammar_timings={**timings, **pick.timings()},
                                 grammar_error=constraint.error if constraint is not None else None)

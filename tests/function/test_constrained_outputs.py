@@ -219,6 +219,14 @@ def test_an_unsupported_schema_construct_is_a_400_naming_it(rt):
     assert err["code"] == "unsupported_schema"
 
 
+def test_logprobs_leave_out_the_end_of_generation_token(rt):
+    # a first token forced to end the turn: no text, no completion token, no logprob entry
+    eog = min(rt.engine.tokenizer.eog_ids)
+    b = ask(rt, logprobs=True, top_logprobs=2, max_tokens=5, reasoning_effort="none", logit_bias={str(eog): 100})
+    assert b["choices"][0]["finish_reason"] == "stop" and b["usage"]["completion_tokens"] == 0
+    assert b["choices"][0]["logprobs"]["content"] == []
+
+
 def test_logprobs_shapes_chat_and_completion(rt):
     b = ask(rt, logprobs=True, top_logprobs=3, max_tokens=5, reasoning_effort="none")
     content = b["choices"][0]["logprobs"]["content"]
