@@ -44,8 +44,6 @@ from engine.quant.arm.neon import V4, V16, c8, sdot, smmla, zip64
 X4 = 4
 X4_BLOCK = {"q4_k": 592, "q6_k": 840, "q8_0": 136}
 _X4_KIND = {T.Q4_K: "q4_k", T.Q6_K: "q6_k", T.Q8_0: "q8_0"}
-_ROW_BLOCK = {"q4_k": 144, "q6_k": 210, "q8_0": 34}  # a row's block bytes
-X4_VALUES = {"q4_k": 256, "q6_k": 256, "q8_0": 32}  # values per block
 
 
 def release_pages(w) -> None:
@@ -71,84 +69,68 @@ def release_pages(w) -> None:
         libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), 4)  # MADV_DONTNEED
 
 
-def _k4_scales_mins(sc):
-    """get_scale_min_k4 for every j at once: sc (..., 12) uint8 -> scales, mins (..., 8) uint8."""
-    s = np.empty((*sc.shape[:-1], 8), np.uint8)
-    m = np.empty_like(s)
-    s[..., :4] = sc[..., 0:4] & 63
-    m[..., :4] = sc[..., 4:8] & 63
-    s[..., 4:] = (sc[..., 8:12] & 0xF) | ((sc[..., 0:4] >> 6) << 4)
-    m[..., 4:] = (sc[..., 8:12] >> 4) | ((sc[..., 4:8] >> 6) << 4)
-    return s, m
-
-
 def repack_x4(qtype, w):
     """The (rows, row bytes) uint8 matrix `w` of Q4_K, Q6_K (or x86's Q8_0) as x4 blocks: (ceil(rows / 4),
-    blocks per row * X4_BLOCK) uint8. Pure byte moves (numpy, 4-byte elements where they can
-    be): the quants are the same bits, the scales the same values."""
+    blocks per row * X4_BLOCK) uint8. Pure byte moves: the quants are the same bits, the
+    scales the same values (Q4_K's 6-bit ones unpacked to bytes)."""
     kind = _X4_KIND[T(qtype)]
     rows, rb = w.shape
-    if kind == "q8_0":
-        # 34-byte blocks, 4 rows of 8 per 64-byte segment: numpy's small-axis transposes moved
-        # them at 0.13 GB/s (1.1 s for a 151936 x 896 head); a byte loop per group does ~GB/s
-        out8 = np.empty((-(-rows // X4), rb // 34 * X4_BLOCK[kind]), np.uint8)
-        _repack_q8_0_x4(np.ascontiguousarray(w), out8)
-        return out8
-    size = _ROW_BLOCK[kind]
-    nb = rb // size
-    groups = -(-rows // X4)
-    out = np.empty((groups, nb, X4_BLOCK[kind]), np.uint8)
-    full = rows // X4
-    parts = [(w[:full * X4], slice(0, full))]
-    if full < groups:  # the last rows padded with zero rows
-        tail = np.zeros((X4, rb), np.uint8)
-        tail[:rows - full * X4] = w[full * X4:]
-        parts.append((tail, slice(full, groups)))
-    for src, gs in parts:
-        blk = src.reshape(-1, X4, nb, size)                  # (g, r, i, byte)
-        o = out[gs]
-        if kind == "q4_k":
-            o[..., 0:8] = blk[..., 0:2].transpose(0, 2, 1, 3).reshape(-1, nb, 8)
-            o[..., 8:16] = blk[..., 2:4].transpose(0, 2, 1, 3).reshape(-1, nb, 8)
-            s, m = _k4_scales_mins(blk[..., 4:16])            # (g, r, i, 8)
-            o[..., 16:48] = s.transpose(0, 2, 3, 1).reshape(-1, nb, 32)
-            o[..., 48:80] = m.transpose(0, 2, 3, 1).reshape(-1, nb, 32)
-            q0, nseg, qo = 16, 8, 80
-        else:
-            o[..., 0:64] = blk[..., 192:208].transpose(0, 2, 3, 1).reshape(-1, nb, 64)
-            o[..., 832:840] = blk[..., 208:210].transpose(0, 2, 1, 3).reshape(-1, nb, 8)
-            q0, nseg, qo = 0, 12, 64
-        q = blk[..., q0:q0 + 16 * nseg].view(np.uint32).reshape(-1, X4, nb, nseg, 4)   # (g, r, i, s, k)
-        o[..., qo:qo + 64 * nseg].view(np.uint32).reshape(-1, nb, nseg, 4, X4)[...] = q.transpose(0, 2, 3, 4, 1)
-    return out.reshape(groups, nb * X4_BLOCK[kind])
+    size, xsize, q0, qo, nseg = _GEOMETRY[kind]
+    out = np.empty((-(-rows // X4), rb // size * xsize), np.uint8)
+    # a byte loop per group (numba): numpy's transposes over the small axes moved 0.13-1.25 GB/s
+    # (1.1 s for a 151936 x 896 Q8_0 head; ~1.5 s of a 0.8B Q4_K_M model's first forward)
+    _repack_rows(np.ascontiguousarray(w), out, _KIND_ID[kind], size, xsize, q0, qo, nseg)
+    return out
+
+
+# (row block bytes, x4 block bytes, where a row block's quants start, where the x4 block's do,
+# segments of 16 quant bytes) per kind, for _repack_rows
+_GEOMETRY = {"q4_k": (144, 592, 16, 80, 8), "q6_k": (210, 840, 0, 64, 12), "q8_0": (34, 136, 2, 8, 2)}
+_KIND_ID = {"q4_k": 0, "q6_k": 1, "q8_0": 2}
 
 
 @njit(parallel=True, cache=True)
-def _repack_q8_0_x4(w, out):
-    nb = w.shape[1] // 34
+def _repack_rows(w, out, kind, size, xsize, q0, qo, nseg):
+    """repack_x4's byte moves, one group of 4 rows per iteration: the quants 16 bytes a segment
+    (row r's bytes 16s + 4k.. to 64s + 16k + 4r..), then each kind's header. Rows past the
+    matrix (the last group's padding) are zeros: d = 0."""
+    rows = w.shape[0]
+    nb = w.shape[1] // size
     for g in prange(out.shape[0]):
         dst = out[g]
         for r in range(X4):
             row = X4 * g + r
-            if row >= w.shape[0]:  # the last group's padding rows: d = 0, quants 0
-                for i in range(nb):
-                    dst[i * 136 + 2 * r] = 0
-                    dst[i * 136 + 2 * r + 1] = 0
-                    for s in range(2):
-                        for k in range(4):
-                            for e in range(4):
-                                dst[i * 136 + 8 + 64 * s + 16 * k + 4 * r + e] = 0
-                continue
-            src = w[row]
+            pad = row >= rows
+            src = w[min(row, rows - 1)]
             for i in range(nb):
-                o, p = i * 136, 34 * i
-                dst[o + 2 * r] = src[p]
-                dst[o + 2 * r + 1] = src[p + 1]
-                for s in range(2):
+                o, p = i * xsize, i * size
+                for s in range(nseg):
                     for k in range(4):
-                        q, a = o + 8 + 64 * s + 16 * k + 4 * r, p + 2 + 16 * s + 4 * k
+                        q, a = o + qo + 64 * s + 16 * k + 4 * r, p + q0 + 16 * s + 4 * k
                         for e in range(4):
-                            dst[q + e] = src[a + e]
+                            dst[q + e] = 0 if pad else src[a + e]
+                if kind == 1:  # Q6_K: scales[16 groups][4 rows] i8, then d[4] f16 at the end
+                    for j in range(16):
+                        dst[o + 4 * j + r] = 0 if pad else src[p + 192 + j]
+                    for b in range(2):
+                        dst[o + 832 + 2 * r + b] = 0 if pad else src[p + 208 + b]
+                    continue
+                for b in range(2):  # d (Q4_K, Q8_0) and dmin (Q4_K)
+                    dst[o + 2 * r + b] = 0 if pad else src[p + b]
+                if kind == 0:
+                    for b in range(2):
+                        dst[o + 8 + 2 * r + b] = 0 if pad else src[p + 2 + b]
+                    # the 6-bit scales and mins (get_scale_min_k4) as bytes, [8 runs][4 rows]
+                    for j in range(8):
+                        if pad:
+                            sc, mn = 0, 0
+                        elif j < 4:
+                            sc, mn = src[p + 4 + j] & 63, src[p + 8 + j] & 63
+                        else:
+                            sc = (src[p + 8 + j] & 0xF) | ((src[p + j] >> 6) << 4)
+                            mn = (src[p + 8 + j] >> 4) | ((src[p + 4 + j] >> 6) << 4)
+                        dst[o + 16 + 4 * j + r] = sc
+                        dst[o + 48 + 4 * j + r] = mn
 
 
 def dequantize_x4(qtype, w4, rows: int):
