@@ -48,8 +48,12 @@ F4 = vec(F32, 4)
 # Tokens per pass of the tile: 8 against 4 measured 14.1 vs 17.4 ms (133.6 vs 108.1 GMAC/s) at
 # 3584x1024, 512 tokens, 2 threads, Zen 3 (a probe on random bytes); the weight unpacking is
 # shared by twice the tokens. The prompt's last 4 (activations are padded to WIDE_TILE) take
-# a 4-token pass.
+# a 4-token pass. Q6_K passes 4 tokens (Q6_K_TILE): its 8-token block needed 1739
+# instructions, 377 of them stack spills and reloads (two `vpmaddwd` per run, the unpacked
+# 6-bit quants), against Q4_K's 1200 / 154, and ran slower than 4 tokens: 54-59 vs 72-100
+# GMAC/s at 6144x1024, 55-87 vs 81-91 at 1024x3584 (T = 512, 2 threads, Zen 3, alternating).
 X86_TILE = 8
+Q6_K_TILE = WIDE_TILE
 
 _ROW = ("row", "nb", "xq", "xd", "xs", "out", "o")
 _TILE = ("row", "nb", "xq", "xo", "xstride", "xd", "do", "dstride", "out", "oo", "ostride")
@@ -369,11 +373,10 @@ def _tile_intrinsic(kind: str, ntok: int):
 # out[o + r] = rows 4g + r of an x4 group times one token's Q8_K activations (decode)
 q4_k_x4_avx2_dot = _row_intrinsic("q4_k")
 q6_k_x4_avx2_dot = _row_intrinsic("q6_k")
-# out[oo + t * ostride + r] for t < 8 (X86_TILE) or 4 (WIDE_TILE, the prompt's tail); Q4_K:
-# minus what is there (the mins' product)
+# out[oo + t * ostride + r] for t < 8 (X86_TILE) or 4 (WIDE_TILE: the prompt's tail; every pass
+# of Q6_K); Q4_K: minus what is there (the mins' product)
 q4_k_x4_avx2_tile8 = _tile_intrinsic("q4_k", X86_TILE)
 q4_k_x4_avx2_tile4 = _tile_intrinsic("q4_k", WIDE_TILE)
-q6_k_x4_avx2_tile8 = _tile_intrinsic("q6_k", X86_TILE)
 q6_k_x4_avx2_tile4 = _tile_intrinsic("q6_k", WIDE_TILE)
 q8_0_x4_avx2_dot = _row_intrinsic("q8_0")
 q8_0_x4_avx2_tile8 = _tile_intrinsic("q8_0", X86_TILE)
@@ -408,16 +411,17 @@ _CHUNK = ROW_CHUNK // 4  # groups per chunk: the tile's activations stay in L1 a
 def mm_k_x4_avx2(w4, xq, xd, xs16, out, rows, q6):
     # prefill: out (Tp * rows, flat); Q4_K: it holds the mins' product on entry, which the tiles
     # subtract (xs16 unused); Q6_K: the tiles overwrite it. Tp is a multiple of WIDE_TILE:
-    # passes of 8 tokens, a last one of 4 where Tp is not a multiple of 8. The last, partial
-    # group of rows goes through a 4-row scratch.
+    # Q4_K passes of 8 tokens, a last one of 4 where Tp is not a multiple of 8; Q6_K passes of 4.
+    # The last, partial group of rows goes through a 4-row scratch.
     tp = out.shape[0] // rows
     nb = xd.shape[0] // tp
     cols = nb * 256
     groups = w4.shape[0]
+    width = Q6_K_TILE if q6 else X86_TILE
     for c in prange((groups + _CHUNK - 1) // _CHUNK):
         tmp = np.empty(4 * X86_TILE, np.float32)
-        for t0 in range(0, tp, X86_TILE):
-            n = min(X86_TILE, tp - t0)
+        for t0 in range(0, tp, width):
+            n = min(width, tp - t0)
             for g in range(c * _CHUNK, min(groups, (c + 1) * _CHUNK)):
                 partial = 4 * g + 4 > rows
                 if partial:
@@ -428,12 +432,8 @@ def mm_k_x4_avx2(w4, xq, xd, xs16, out, rows, q6):
                 else:
                     dst, o, stride = out, t0 * rows + 4 * g, rows
                 if q6:
-                    if n == X86_TILE:
-                        q6_k_x4_avx2_tile8(w4[g], nb, xq, t0 * cols, cols, xd, t0 * nb, nb,
-                                           xs16, t0 * nb * 16, nb * 16, dst, o, stride)
-                    else:
-                        q6_k_x4_avx2_tile4(w4[g], nb, xq, t0 * cols, cols, xd, t0 * nb, nb,
-                                           xs16, t0 * nb * 16, nb * 16, dst, o, stride)
+                    q6_k_x4_avx2_tile4(w4[g], nb, xq, t0 * cols, cols, xd, t0 * nb, nb,
+                                       xs16, t0 * nb * 16, nb * 16, dst, o, stride)
                 elif n == X86_TILE:
                     q4_k_x4_avx2_tile8(w4[g], nb, xq, t0 * cols, cols, xd, t0 * nb, nb, dst, o, stride)
                 else:
