@@ -96,7 +96,8 @@ oracle-fixtures: $(STAMP)
 # (native, and held to AVX2: bench/peers.py), and llama.cpp's Python binding for the TTFT figure
 # (bench/build_llama.py), into ~/.cache/warmllm/peers (WARMLLM_PEERS_DIR): ~15-30 min each the
 # first time, reused after. BENCH_ARGS passes options to bench.run (e.g. --modes native --rounds 3;
-# --depths 4096,32768; --large: the 4B Q4_K_M, 9B Q3_K_M and 9B IQ4_XS files instead).
+# --depths 4096,32768; a long prompt: -p 32768 --peer-repetitions 1; --large: the 4B Q4_K_M, 9B Q3_K_M
+# and 9B IQ4_XS files instead).
 bench: $(STAMP)
 	$(PY) -m bench.build_llama native avx2
 	$(PY) -m bench.peers build

@@ -182,15 +182,16 @@ def parse_llama_bench(text: str) -> dict[str, float]:
 
 
 def run(peer: Peer, variant: str, model: str, threads: int, p: int, n: int, depth: int = 0,
-        options: tuple[str, ...] | None = None) -> dict:
-    """The figures of one llama-bench run, with what produced them (for the receipt)."""
+        options: tuple[str, ...] | None = None, repetitions: int = 3) -> dict:
+    """The figures of one llama-bench run (`repetitions`: its ``-r``), with what produced them
+    (for the receipt)."""
     opts = peer.run_options if options is None else options
-    args = llama_bench_args(peer, bench_binary(peer, variant), model, threads, p, n, depth, opts)
+    args = llama_bench_args(peer, bench_binary(peer, variant), model, threads, p, n, depth, opts, repetitions)
     r = subprocess.run(args, capture_output=True, text=True)
     if r.returncode != 0:
         return {"error": (r.stderr.strip().splitlines() or ["llama-bench failed"])[-1], "args": args[1:]}
     return {"engine": peer.name, "package": f"{peer.package}=={peer.version}", "variant": variant,
-            "options": list(opts), "figures": parse_llama_bench(r.stdout)}
+            "options": list(opts), "repetitions": repetitions, "figures": parse_llama_bench(r.stdout)}
 
 
 def main(argv: list[str] | None = None) -> int:

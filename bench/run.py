@@ -149,10 +149,10 @@ def best_of(rounds: list[dict]) -> dict:
 
 def measure(model: Path, threads: int, p: int, n: int, env: dict, with_llama: bool, rounds: int,
             extra_pp: str = "2048", quick: bool = False, variant: str = "native",
-            depths: tuple[int, ...] = ()) -> dict:
+            depths: tuple[int, ...] = (), peer_repetitions: int = 3) -> dict:
     """`quick` (--large): load, ready, pp, tg and peak RSS only, no empty-cache cold start.
-    Each round also runs every peer's llama-bench built for `variant` (bench/peers.py), and
-    ours and theirs at each context depth in `depths`."""
+    Each round also runs every peer's llama-bench built for `variant` (bench/peers.py; its
+    ``-r peer_repetitions``), and ours and theirs at each context depth in `depths`."""
     from bench import peers as peers_mod
 
     built = {k: pr for k, pr in peers_mod.PEERS.items() if peers_mod.is_built(pr, variant)}
@@ -175,9 +175,9 @@ def measure(model: Path, threads: int, p: int, n: int, env: dict, with_llama: bo
                                       "--threads", str(threads), "--repeat", "1", "--no-ttft", "--tbt", "0",
                                       "--depth", str(d), "--json"], env))
         for key, peer in built.items():
-            r = peers_mod.run(peer, variant, str(model), threads, p, n)
+            r = peers_mod.run(peer, variant, str(model), threads, p, n, repetitions=peer_repetitions)
             for d in depths:
-                at = peers_mod.run(peer, variant, str(model), threads, p, n, depth=d)
+                at = peers_mod.run(peer, variant, str(model), threads, p, n, depth=d, repetitions=peer_repetitions)
                 r.setdefault("figures", {}).update(at.get("figures", {}))
                 if "error" in at:
                     r.setdefault("errors", []).append(at["error"])
@@ -397,6 +397,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("--out", default=None)
     ap.add_argument("--rounds", type=int, default=2, help="alternating ours / llama.cpp runs; best of them")
+    ap.add_argument("--peer-repetitions", type=int, default=3,
+                    help="each peer's llama-bench -r per round (1 for a long prompt: three 32k-token "
+                         "prefills take ~10 min per peer on 2 cores)")
     ap.add_argument("--agent-rounds", type=int, default=3, help="agent-shape runs on Q4_K_M (0: skip)")
     ap.add_argument("--constrained-rounds", type=int, default=2,
                     help="decode with a JSON schema vs unconstrained on Q4_K_M with Qwen3.5's vocabulary "
@@ -445,7 +448,7 @@ def main() -> int:
             run["model_bytes"] = model.stat().st_size
             run["load_average_before"] = os.getloadavg()
             run.update(measure(model, a.threads, a.p, a.n, env, with_llama, a.rounds, pl.extra_pp, pl.quick,
-                               variant, pl.depths))
+                               variant, pl.depths, a.peer_repetitions))
             run["load_average_after"] = os.getloadavg()
             run["bandwidth"] = bandwidth_figures(model, run["ours"], run.get("peers", {}), a.n, bandwidth)
             if a.large:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
 import tarfile
 from pathlib import Path
 
@@ -77,3 +78,23 @@ def test_llama_bench_json_of_both_peers_is_read():
     ik = [{"n_prompt": 512, "n_gen": 0, "avg_ts": 334.0, "test": "pp512"},
           {"n_prompt": 4096, "n_gen": 128, "avg_ts": 44.5, "test": "tg128@pp4096"}]
     assert P.parse_llama_bench(json.dumps(ik)) == {"pp512": 334.0, "tg128@d4096": 44.5}
+
+
+def test_repetitions_reach_llama_bench_and_the_receipt(monkeypatch):
+    # a 32k-token prefill takes minutes: `bench.run --peer-repetitions 1` runs it once per peer
+    from bench.run import parse_args
+
+    seen = []
+
+    def fake_run(args, **kw):
+        seen.append(args)
+        return subprocess.CompletedProcess(args, 0, stdout='[{"n_prompt": 32768, "n_gen": 0, "avg_ts": 90.5}]',
+                                           stderr="")
+
+    monkeypatch.setattr(P, "bench_binary", lambda peer, variant: Path("/b/llama-bench"))
+    monkeypatch.setattr(P.subprocess, "run", fake_run)
+    r = P.run(P.PEERS["ik"], "native", "m.gguf", 2, 32768, 0, repetitions=1)
+    assert seen[0][seen[0].index("-r") + 1] == "1" and r["repetitions"] == 1 and r["figures"] == {"pp32768": 90.5}
+    P.run(P.PEERS["mainline"], "native", "m.gguf", 2, 512, 128)
+    assert seen[1][seen[1].index("-r") + 1] == "3"
+    assert parse_args([]).peer_repetitions == 3 and parse_args(["--peer-repetitions", "1"]).peer_repetitions == 1
