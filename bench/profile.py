@@ -1,6 +1,9 @@
 """Where the time goes: ``python -m bench.profile {decode,prefill,extend} --model M [--top N]``.
 
-decode   ms per decode step (10 steps after an 8-token prompt), then a cProfile of 10 more
+decode   ms per decode step (10 steps after an 8-token prompt), then a cProfile of 10 more;
+         `--by-matrix`: instead, each step's time per matrix format and role against the bytes
+         it reads (GB/s), and what the rest of the step takes (DeltaNet, attention, norms,
+         sampling, Python between kernels)
 prefill  seconds for a 512-token batched prefill, then its cProfile
 extend   ms for an 18-token extend after a 569-token prefix (a chat turn), then its cProfile
 
@@ -18,6 +21,7 @@ import cProfile
 import os
 import pstats
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -28,6 +32,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--model", default="models/0.8b-Q4_K_M.gguf")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--top", type=int, default=16)
+    ap.add_argument("--by-matrix", action="store_true", help="decode: time and bytes per matrix format and role")
+    ap.add_argument("--steps", type=int, default=20, help="decode steps timed with --by-matrix")
     a = ap.parse_args(argv)
 
     from engine import threads
@@ -40,6 +46,9 @@ def main(argv: list[str] | None = None) -> None:
     from engine.quant import paths
     print(f"cpu: {paths.summary()}  kernels: {eng.kernel_paths}")
     ids = np.random.default_rng(0).integers(0, 4000, 600)
+    if a.what == "decode" and a.by_matrix:
+        _print_by_matrix(*decode_by_matrix(model, ids, a.steps), a.steps)
+        return
     if a.what == "decode":
         state = model.new_state()
         model.forward(ids[:8], state, logits="last")
@@ -69,6 +78,75 @@ def main(argv: list[str] | None = None) -> None:
     stats = pstats.Stats(prof)
     stats.sort_stats("tottime").print_stats(a.top)
     _kernel_summary(stats, a.top)
+
+
+@dataclass
+class MatrixTime:
+    """The products of one matrix format and role (e.g. "Q4_K ffn_up") over the timed steps."""
+
+    group: str
+    calls: int
+    seconds: float
+    nbytes: int            # bytes read: each single-token product reads its matrix once
+    names: frozenset[str]  # the tensors
+
+
+def _role(tensor: str) -> str:
+    parts = tensor.split(".")
+    return parts[-2] if tensor.startswith("blk.") and len(parts) >= 3 else parts[0]
+
+
+def decode_by_matrix(model, ids: np.ndarray, steps: int = 20) -> tuple[float, list[MatrixTime]]:
+    """Wall seconds of `steps` decode steps (after an 8-token prompt and one untimed step, so every
+    plan and kernel is made) and each matrix group's share: every `Linear` product of one token
+    is timed around its call (its Python included) and counted at its matrix's bytes."""
+    from engine.weights import Linear
+
+    acc: dict[str, list] = {}
+    original = Linear.__call__
+
+    def timed(self, x):
+        t = time.perf_counter()
+        try:
+            return original(self, x)
+        finally:
+            if np.shape(x)[0] == 1:
+                r = acc.setdefault(f"{self.qtype.name} {_role(self.name)}", [0, 0.0, 0, set()])
+                r[0] += 1
+                r[1] += time.perf_counter() - t
+                r[2] += self.nbytes
+                r[3].add(self.name)
+
+    state = model.new_state()
+    model.forward(ids[:8], state, logits="last")
+    model.forward(ids[8:9], state, logits="last")
+    Linear.__call__ = timed  # the profile's process only; put back below
+    try:
+        t0 = time.perf_counter()
+        for k in range(steps):
+            model.forward(ids[9 + k:10 + k], state, logits="last")
+        total = time.perf_counter() - t0
+    finally:
+        Linear.__call__ = original
+    rows = [MatrixTime(g, c, s, b, frozenset(n)) for g, (c, s, b, n) in acc.items()]
+    return total, sorted(rows, key=lambda r: -r.seconds)
+
+
+def _print_by_matrix(total: float, rows: list[MatrixTime], steps: int) -> None:
+    step_ms = 1e3 * total / steps
+    print(f"decode: {step_ms:.2f} ms/step over {steps} steps ({steps / total:.1f} tok/s)")
+    print(f"  {'matrices':24s} {'calls':>5s} {'ms':>7s} {'share':>6s} {'MB':>7s} {'GB/s':>6s}")
+    for r in rows:
+        ms, mb = 1e3 * r.seconds / steps, r.nbytes / steps / 1e6
+        print(f"  {r.group:24s} {r.calls // steps:5d} {ms:7.2f} {100 * ms / step_ms:5.1f}% {mb:7.1f} "
+              f"{mb / max(ms, 1e-9):6.1f}")
+    mat_ms = 1e3 * sum(r.seconds for r in rows) / steps
+    mat_mb = sum(r.nbytes for r in rows) / steps / 1e6
+    print(f"  {'all matrices':24s} {'':5s} {mat_ms:7.2f} {100 * mat_ms / step_ms:5.1f}% {mat_mb:7.1f} "
+          f"{mat_mb / max(mat_ms, 1e-9):6.1f}")
+    rest = step_ms - mat_ms
+    print(f"  {'the rest of the step':24s} {'':5s} {rest:7.2f} {100 * rest / step_ms:5.1f}%  "
+          "(DeltaNet step, attention, norms, conv, sampling, Python between kernels)")
 
 
 # what a function's own time is, where BLAS runs inside it (see the module docstring)
