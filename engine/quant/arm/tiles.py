@@ -8,7 +8,8 @@ import numpy as np
 from numba import njit, prange
 
 from .neon import q4_k_row_pair_smmla, q5_k_row_pair_smmla, q6_k_row_pair_smmla, q8_0_row_pair_smmla
-from .x4 import q4_k_x4_dot, q4_k_x4_smmla, q4_k_x4_tile, q6_k_x4_dot, q6_k_x4_smmla, q6_k_x4_tile
+from .x4 import (q4_k_x4_dot, q4_k_x4_smmla, q4_k_x4_tile, q6_k_x4_dot, q6_k_x4_smmla, q6_k_x4_tile,
+                 x4_tile_dst, x4_tile_tail)
 from ..int8_dot import TILE, WIDE_TILE
 from ..int8_kernels import ROW_CHUNK
 from ..njit_base import MV as _MV
@@ -99,27 +100,6 @@ def mv_k_x4(w4, xq, xd, xs16, out, rows, q6):
 _X4_CHUNK = ROW_CHUNK // 4  # groups per chunk: the tile's activations stay in L1 across them
 
 
-@njit(inline="always", cache=True)
-def _x4_tile_dst(out, tmp, rows, t0, g):
-    """Where group g's tile results go: out itself (flat (Tp, rows), at t0 * rows + 4g, stride
-    rows), or for the last, partial group tmp (4 rows x WIDE_TILE tokens) loaded with what out
-    holds (Q4_K: the mins' product)."""
-    if 4 * g + 4 <= rows:
-        return out, t0 * rows + 4 * g, rows
-    for t in range(WIDE_TILE):
-        for r in range(4):
-            tmp[4 * t + r] = out[(t0 + t) * rows + 4 * g + r] if 4 * g + r < rows else 0.0
-    return tmp, 0, 4
-
-
-@njit(inline="always", cache=True)
-def _x4_tile_tail(out, tmp, rows, t0, g):
-    if 4 * g + 4 > rows:
-        for t in range(WIDE_TILE):
-            for r in range(rows - 4 * g):
-                out[(t0 + t) * rows + 4 * g + r] = tmp[4 * t + r]
-
-
 @njit(**_MV)
 def mm_k_x4(w4, xq, xd, out, rows, q6):
     # `sdot` tiles of x4 groups (N1); out (Tp * rows) flat, Q4_K: holds the mins' product on
@@ -132,12 +112,12 @@ def mm_k_x4(w4, xq, xd, out, rows, q6):
         tmp = np.empty(4 * WIDE_TILE, np.float32)
         for t0 in range(0, tp, WIDE_TILE):
             for g in range(c * _X4_CHUNK, min(groups, (c + 1) * _X4_CHUNK)):
-                dst, o, stride = _x4_tile_dst(out, tmp, rows, t0, g)
+                dst, o, stride = x4_tile_dst(out, tmp, rows, t0, g, WIDE_TILE)
                 if q6:
                     q6_k_x4_tile(w4[g], nb, xq, t0 * cols, cols, xd, t0 * nb, nb, dst, o, stride)
                 else:
                     q4_k_x4_tile(w4[g], nb, xq, t0 * cols, cols, xd, t0 * nb, nb, dst, o, stride)
-                _x4_tile_tail(out, tmp, rows, t0, g)
+                x4_tile_tail(out, tmp, rows, t0, g, WIDE_TILE)
 
 
 @njit(**_MV)
@@ -151,12 +131,12 @@ def mm_k_x4_smmla(w4, xq, xd, out, rows, q6):
         tmp = np.empty(4 * WIDE_TILE, np.float32)
         for t0 in range(0, tp, WIDE_TILE):
             for g in range(c * _X4_CHUNK, min(groups, (c + 1) * _X4_CHUNK)):
-                dst, o, stride = _x4_tile_dst(out, tmp, rows, t0, g)
+                dst, o, stride = x4_tile_dst(out, tmp, rows, t0, g, WIDE_TILE)
                 if q6:
                     q6_k_x4_smmla(w4[g], nb, xq, t0 * cols, cols, xd, t0 * nb, nb, dst, o, stride)
                 else:
                     q4_k_x4_smmla(w4[g], nb, xq, t0 * cols, cols, xd, t0 * nb, nb, dst, o, stride)
-                _x4_tile_tail(out, tmp, rows, t0, g)
+                x4_tile_tail(out, tmp, rows, t0, g, WIDE_TILE)
 
 
 @njit(parallel=True, cache=True)

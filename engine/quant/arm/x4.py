@@ -404,3 +404,26 @@ q6_k_x4_tile = _x4_tile_intrinsic("q6_k", False)
 # ... and `smmla` (i8mm: V1/V2)
 q4_k_x4_smmla = _x4_tile_intrinsic("q4_k", True)
 q6_k_x4_smmla = _x4_tile_intrinsic("q6_k", True)
+
+
+# The drivers' handling of the last, partial group of 4 rows, shared by arm64's and x86's x4 tiles
+@njit(inline="always", cache=True)
+def x4_tile_dst(out, tmp, rows, t0, g, n):
+    """Where group g's tile results for tokens t0 .. t0 + n go: out itself (flat (Tp, rows), at
+    t0 * rows + 4g, stride rows), or for the last, partial group tmp (4 rows x n tokens) loaded
+    with what out holds (Q4_K: the mins' product, which its tiles subtract)."""
+    if 4 * g + 4 <= rows:
+        return out, t0 * rows + 4 * g, rows
+    for t in range(n):
+        for r in range(4):
+            tmp[4 * t + r] = out[(t0 + t) * rows + 4 * g + r] if 4 * g + r < rows else 0.0
+    return tmp, 0, 4
+
+
+@njit(inline="always", cache=True)
+def x4_tile_tail(out, tmp, rows, t0, g, n):
+    """The partial group's rows from tmp back into out (x4_tile_dst's other half)."""
+    if 4 * g + 4 > rows:
+        for t in range(n):
+            for r in range(rows - 4 * g):
+                out[(t0 + t) * rows + 4 * g + r] = tmp[4 * t + r]

@@ -32,7 +32,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from engine.quant.arm.x4 import X4_BLOCK
+from engine.quant.arm.x4 import X4_BLOCK, x4_tile_dst, x4_tile_tail
 from engine.quant.int8_dot import F32, I8, I16, I32, I64, Row, WIDE_TILE, array_ptr, fma, prefetch, vec, x86_call
 from engine.quant.int8_kernels import ROW_CHUNK
 from engine.quant.njit_base import MV
@@ -423,14 +423,7 @@ def mm_k_x4_avx2(w4, xq, xd, xs16, out, rows, q6):
         for t0 in range(0, tp, width):
             n = min(width, tp - t0)
             for g in range(c * _CHUNK, min(groups, (c + 1) * _CHUNK)):
-                partial = 4 * g + 4 > rows
-                if partial:
-                    for t in range(n):
-                        for r in range(4):
-                            tmp[4 * t + r] = out[(t0 + t) * rows + 4 * g + r] if 4 * g + r < rows else 0.0
-                    dst, o, stride = tmp, 0, 4
-                else:
-                    dst, o, stride = out, t0 * rows + 4 * g, rows
+                dst, o, stride = x4_tile_dst(out, tmp, rows, t0, g, n)
                 if q6:
                     q6_k_x4_avx2_tile4(w4[g], nb, xq, t0 * cols, cols, xd, t0 * nb, nb,
                                        xs16, t0 * nb * 16, nb * 16, dst, o, stride)
@@ -438,10 +431,7 @@ def mm_k_x4_avx2(w4, xq, xd, xs16, out, rows, q6):
                     q4_k_x4_avx2_tile8(w4[g], nb, xq, t0 * cols, cols, xd, t0 * nb, nb, dst, o, stride)
                 else:
                     q4_k_x4_avx2_tile4(w4[g], nb, xq, t0 * cols, cols, xd, t0 * nb, nb, dst, o, stride)
-                if partial:
-                    for t in range(n):
-                        for r in range(rows - 4 * g):
-                            out[(t0 + t) * rows + 4 * g + r] = tmp[4 * t + r]
+                x4_tile_tail(out, tmp, rows, t0, g, n)
 
 
 # Q8_0 (TileCall.X4 and the Q8_0 row call, int8 activations): the same loops as the K formats'
@@ -470,16 +460,9 @@ def mm_q8_0_x4_avx2(w4, xq, xd, out, rows):
         for t0 in range(0, tp, X86_TILE):
             n = min(X86_TILE, tp - t0)
             for g in range(c * _CHUNK, min(groups, (c + 1) * _CHUNK)):
-                partial = 4 * g + 4 > rows
-                if partial:
-                    dst, o, stride = tmp, 0, 4
-                else:
-                    dst, o, stride = out, t0 * rows + 4 * g, rows
+                dst, o, stride = x4_tile_dst(out, tmp, rows, t0, g, n)
                 if n == X86_TILE:
                     q8_0_x4_avx2_tile8(w4[g], nb, xq, t0 * cols, cols, xd, t0 * nb, nb, dst, o, stride)
                 else:
                     q8_0_x4_avx2_tile4(w4[g], nb, xq, t0 * cols, cols, xd, t0 * nb, nb, dst, o, stride)
-                if partial:
-                    for t in range(n):
-                        for r in range(rows - 4 * g):
-                            out[(t0 + t) * rows + 4 * g + r] = tmp[4 * t + r]
+                x4_tile_tail(out, tmp, rows, t0, g, n)
