@@ -87,26 +87,37 @@ def _splat(b, value, n: int):
     return _shuffle(b, one, [0] * n)
 
 
-class _Q4KBlock:
+class _X4Block:
+    """What every x4 block reader starts with: block i's byte offset `p` (prefetched) in the
+    group's row of bytes, and 16-byte loads at offsets in it."""
+
+    KIND = ""
+
+    def __init__(self, row: Row, i):
+        b = row.b
+        size = X4_BLOCK[self.KIND]
+        self.p = b.mul(i, _i64(size))
+        prefetch(row, self.p, size)
+        self.b, self.row = b, row
+
+    def _load16(self, off: int):
+        return self.row.load("row", self.b.add(self.p, _i64(off)), vec(I8, 16), align=1)
+
+
+class _Q4KBlock(_X4Block):
     """x4 block i of Q4_K: `vectors(j)` the 4 vectors of run j (k = 0..3), `scale(j)` the rows'
     scales of run j against a `vpmaddubsw` result, d8 the rows' d in both 128-bit lanes, dmin4
     and the mins (decode)."""
 
-    RUNS, VALUES = 8, 256
+    RUNS, VALUES, KIND = 8, 256, "q4_k"
 
     def __init__(self, row: Row, i):
-        b = row.b
-        size = X4_BLOCK["q4_k"]
-        p = b.mul(i, _i64(size))
-        self.p = p
-        prefetch(row, p, size)
-        load16 = lambda off: row.load("row", b.add(p, _i64(off)), vec(I8, 16), align=1)  # noqa: E731
-        self._load16 = load16
+        super().__init__(row, i)
+        b, p = self.b, self.p
         self._sc16 = b.zext(row.load("row", b.add(p, _i64(16)), V8, align=1), vec(I16, 32))
         d4 = _f16x4(row, p)
         self.d8 = _shuffle(b, d4, [0, 1, 2, 3] * 2)
         self.dmin4 = _f16x4(row, b.add(p, _i64(8)))
-        self.b, self.row = b, row
 
     def offset(self, j: int) -> int:
         return 32 * j
@@ -152,20 +163,17 @@ class _Q4KBlock:
         return b.add(_shuffle(b, both, [0, 1, 2, 3]), _shuffle(b, both, [4, 5, 6, 7]))
 
 
-class _Q6KBlock:
+class _Q6KBlock(_X4Block):
     """x4 block i of Q6_K: run j = (h, t) covers groups g0 = 8h + 2t (128-bit lane 0) and g0 + 1
     (lane 1), 32 activations at 16 g0; `vectors(j)` its 4 vectors of 6-bit quants 0..63 (the
     -32 goes against the token's sums per 16: `offsets_dot`), `scale(j)` the rows' scales of
     g0 and g0 + 1 against a `vpmaddubsw` result."""
 
-    RUNS, VALUES = 8, 256
+    RUNS, VALUES, KIND = 8, 256, "q6_k"
 
     def __init__(self, row: Row, i):
-        b = row.b
-        size = X4_BLOCK["q6_k"]
-        p = b.mul(i, _i64(size))
-        prefetch(row, p, size)
-        self._load16 = lambda off: row.load("row", b.add(p, _i64(off)), vec(I8, 16), align=1)
+        super().__init__(row, i)
+        b, p = self.b, self.p
         sc = [b.sext(row.load("row", b.add(p, _i64(32 * h)), V8, align=1), vec(I16, 32)) for h in range(2)]
         self._sc16 = b.shuffle_vector(sc[0], sc[1], ir.Constant(vec(I32, 64), list(range(64))))  # lane 4g + r
         self.d8 = _shuffle(b, _f16x4(row, b.add(p, _i64(832))), [0, 1, 2, 3] * 2)
@@ -174,7 +182,6 @@ class _Q6KBlock:
         self._offsets = [_shuffle(b, self._sc16, [4 * (8 * half + 2 * q + e) + r
                                                   for half in range(2) for r in range(4) for e in range(2)])
                          for q in range(4)]
-        self.b = b
 
     def offset(self, j: int) -> int:
         h, t = divmod(j, 4)
@@ -218,25 +225,21 @@ class _Q6KBlock:
         return acc
 
 
-class _Q80Block:
+class _Q80Block(_X4Block):
     """x4 block i of Q8_0: one run of 32 values per 4 rows, its 4 vectors of int8 quants. AVX2
     multiplies unsigned by signed bytes, so the quants' magnitudes (`vpabsb`, once per block and
     8 tokens) go against the activations with the quants' signs (`vpsignb`: Q8_0 activations
     are -127..127, so the sign flip never overflows); each `vpmaddubsw` pair (|.| <= 2 x 128 x
     127) widens alone (`vpmaddwd` by ones), as llama.cpp's Q8_0 dot does."""
 
-    RUNS, VALUES = 1, 32
+    RUNS, VALUES, KIND = 1, 32, "q8_0"
 
     def __init__(self, row: Row, i):
-        b = row.b
-        size = X4_BLOCK["q8_0"]
-        p = b.mul(i, _i64(size))
-        prefetch(row, p, size)
+        super().__init__(row, i)
+        b, p = self.b, self.p
         join = ir.Constant(vec(I32, 32), list(range(32)))
-        load16 = lambda off: row.load("row", b.add(p, _i64(off)), vec(I8, 16), align=1)  # noqa: E731
-        self._q = [b.shuffle_vector(load16(8 + 16 * k), load16(8 + 64 + 16 * k), join) for k in range(4)]
+        self._q = [b.shuffle_vector(self._load16(8 + 16 * k), self._load16(8 + 64 + 16 * k), join) for k in range(4)]
         self.d8 = _shuffle(b, _f16x4(row, p), [0, 1, 2, 3] * 2)
-        self.b = b
 
     def offset(self, j: int) -> int:
         return 0
