@@ -430,12 +430,15 @@ def main() -> int:
             with_llama = True
         except ImportError:
             print("llama_cpp is not installed: printing our figures alone (python -m bench.build_llama)", file=sys.stderr)
-    from bench.bandwidth import read_bandwidth
+    from bench.bandwidth import read_bandwidths
 
-    bandwidth = read_bandwidth(a.threads)
+    probes = read_bandwidths(a.threads)
+    bandwidth = max(probes.values())
     receipt = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "cpu": _cpu(),
                "cpu_flags": _cpu_flags(), "machine": platform.machine(), "threads": a.threads, "rounds": a.rounds,
-               "read_bandwidth_gb_s": round(bandwidth / 1e9, 2), "depths": list(pl.depths), "runs": [],
+               "read_bandwidth_gb_s": round(bandwidth / 1e9, 2),
+               "read_bandwidth_probes_gb_s": {k: round(v / 1e9, 2) for k, v in probes.items()},
+               "depths": list(pl.depths), "runs": [],
                "large": a.large}
     for preset, weights in pl.runs:
         model = model_path(preset, weights)
