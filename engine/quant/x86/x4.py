@@ -33,7 +33,8 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from engine.quant.arm.x4 import X4_BLOCK, x4_tile_dst, x4_tile_tail
-from engine.quant.int8_dot import F32, I8, I16, I32, I64, Row, WIDE_TILE, array_ptr, fma, prefetch, vec, x86_call
+from engine.quant.int8_dot import (F32, I8, I16, I32, I64, PREFETCH_X4_DECODE, Row, WIDE_TILE, array_ptr, fma, prefetch,
+                                   prefetch_bytes, vec, x86_call)
 from engine.quant.int8_kernels import ROW_CHUNK
 from engine.quant.njit_base import MV
 
@@ -88,8 +89,9 @@ def _splat(b, value, n: int):
 
 
 class _X4Block:
-    """What every x4 block reader starts with: block i's byte offset `p` (prefetched) in the
-    group's row of bytes, and 16-byte loads at offsets in it."""
+    """What every x4 block reader starts with: block i's byte offset `p` (prefetched: decode
+    PREFETCH_X4_DECODE bytes ahead, tiles as the rows) in the group's row of bytes, and 16-byte
+    loads at offsets in it."""
 
     KIND = ""
 
@@ -97,7 +99,7 @@ class _X4Block:
         b = row.b
         size = X4_BLOCK[self.KIND]
         self.p = b.mul(i, _i64(size))
-        prefetch(row, self.p, size)
+        prefetch(row, self.p, size, max(PREFETCH_X4_DECODE, prefetch_bytes()) if row.ntok == 1 else None)
         self.b, self.row = b, row
 
     def _load16(self, off: int):
