@@ -49,6 +49,14 @@ class Kernel:
         return (self.serial if size < SERIAL_BELOW else self.parallel)(*args)
 
 
+# numba's default error model raises ZeroDivisionError, so every float division in a loop carries
+# a zero test, and LLVM does not vectorise the loop: SiLU · up over 3584 values (one token's FFN)
+# took 11.9 us scalar against 2.2 with `error_model="numpy"` (IEEE inf/nan instead of the raise),
+# Zen 3. The kernels here divide by 1 + e^-x, sqrt(.. + eps) and softmax sums: never zero.
+_ERROR_MODEL = "numpy"
+
+
 def kernel(**options: Any) -> Callable[[Callable], Kernel]:
-    """Decorator: `@kernel(fastmath=True, cache=True)` over a function that uses `prange`."""
-    return lambda fn: Kernel(fn, **options)
+    """Decorator: `@kernel(fastmath=True, cache=True)` over a function that uses `prange`; its
+    divisions follow IEEE (`error_model="numpy"`, unless given), so its loops vectorise."""
+    return lambda fn: Kernel(fn, **{"error_model": _ERROR_MODEL, **options})
