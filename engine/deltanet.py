@@ -163,6 +163,99 @@ def gated_delta_step(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray,
     return o, S
 
 
+@njit(parallel=True, fastmath=True, cache=True, error_model="numpy")
+def _decode_token(qkv, z, beta_in, alpha_in, tail, wt, dt_bias, a, norm_w, eps, hk, q_scale, S, out):
+    """One token through a DeltaNet layer between its projections and its output matrix, in one
+    launch (`decode_token`): what _conv_silu_rows, _l2_heads, the ops and _delta_steps compute,
+    in their order. The conv over all channels (its tail shifted in place), the q/k norms, beta
+    and g run serially (~6k values); each value head's recurrence and gated RMS norm in parallel."""
+    K1, C = tail.shape
+    H, dk, dv = S.shape
+    kd = hk * dk
+    conv = np.zeros(C, dtype=np.float32)
+    for j in range(K1):  # taps outside, channels inside: the channel loops vectorise
+        for c in range(C):
+            conv[c] += tail[j, c] * wt[j, c]
+    for c in range(C):
+        acc = conv[c] + qkv[c] * wt[K1, c]
+        conv[c] = acc / (np.float32(1.0) + fast_exp(-acc))
+    for j in range(K1 - 1):
+        for c in range(C):
+            tail[j, c] = tail[j + 1, c]
+    for c in range(C):
+        tail[K1 - 1, c] = qkv[c]
+    qn = np.empty((hk, dk), dtype=np.float32)
+    kn = np.empty((hk, dk), dtype=np.float32)
+    for hh in range(hk):
+        for which in range(2):
+            base = hh * dk + which * kd
+            ss = np.float32(0.0)
+            for i in range(dk):
+                ss += conv[base + i] * conv[base + i]
+            inv = (q_scale if which == 0 else np.float32(1.0)) / np.sqrt(ss + eps)
+            dst = qn if which == 0 else kn
+            for i in range(dk):
+                dst[hh, i] = conv[base + i] * inv
+    beta = np.empty(H, dtype=np.float32)
+    g = np.empty(H, dtype=np.float32)
+    for h in range(H):
+        beta[h] = np.float32(1.0) / (np.float32(1.0) + fast_exp(-beta_in[h]))
+        x = alpha_in[h] + dt_bias[h]
+        # np.logaddexp(0, x) (ops.softplus), in float32
+        g[h] = (max(x, np.float32(0.0)) + np.log1p(np.exp(-abs(x)))) * a[h]
+    for h in prange(H):
+        kh = h % hk  # value head h reads key head h % n_k_heads
+        mem = np.empty(dv, dtype=np.float32)
+        o = np.empty(dv, dtype=np.float32)
+        decay = np.exp(g[h])
+        for j in range(dv):
+            mem[j] = 0.0
+        for i in range(dk):
+            ki = kn[kh, i]
+            for j in range(dv):
+                mem[j] += S[h, i, j] * ki
+        b = beta[h]
+        for j in range(dv):
+            mem[j] = (conv[2 * kd + h * dv + j] - mem[j] * decay) * b
+        for j in range(dv):
+            o[j] = 0.0
+        for i in range(dk):
+            ki = kn[kh, i]
+            qi = qn[kh, i]
+            for j in range(dv):
+                s = S[h, i, j] * decay + ki * mem[j]
+                S[h, i, j] = s
+                o[j] += s * qi
+        ss = np.float32(0.0)
+        for j in range(dv):
+            ss += o[j] * o[j]
+        inv = np.float32(1.0) / np.sqrt(ss / np.float32(dv) + eps)
+        for j in range(dv):
+            zj = z[h * dv + j]
+            out[h * dv + j] = o[j] * inv * norm_w[j] * (zj / (np.float32(1.0) + fast_exp(-zj)))
+
+
+def decode_token(qkv: np.ndarray, z: np.ndarray, beta: np.ndarray, alpha: np.ndarray, tail: np.ndarray,
+                 conv_w: np.ndarray, dt_bias: np.ndarray, a: np.ndarray, norm_w: np.ndarray, eps: float,
+                 n_k_heads: int, S: np.ndarray) -> np.ndarray:
+    """A decode step's DeltaNet between the projections (qkv (conv_dim,), z (H·d_v,), the raw
+    beta and alpha (H,)) and the output matrix: the causal conv + SiLU, q/k L2 norms (q scaled
+    by 1/sqrt(d_k)), beta = sigmoid, g = softplus(alpha + dt_bias)·a, the recurrence, and the RMS
+    norm of each head's output gated by SiLU(z); returns that (H·d_v,) vector. The conv tail
+    (K-1, conv_dim) and S (H, d_k, d_v) advance in place: the caller passes writeable arrays no
+    one else holds (a frozen snapshot's are copied first). conv_w is (conv_dim, K) F-ordered,
+    as the model keeps it. One kernel launch for what was ~20 numpy and numba calls a layer."""
+    f32 = np.float32
+    H, dk, dv = S.shape
+    out = np.empty(H * dv, dtype=f32)
+    _decode_token(np.ascontiguousarray(qkv, f32).reshape(-1), np.ascontiguousarray(z, f32).reshape(-1),
+                  np.ascontiguousarray(beta, f32).reshape(-1), np.ascontiguousarray(alpha, f32).reshape(-1),
+                  tail, np.ascontiguousarray(conv_w.T, f32), np.ascontiguousarray(dt_bias, f32),
+                  np.ascontiguousarray(a, f32), np.ascontiguousarray(norm_w, f32), f32(eps), n_k_heads,
+                  f32(1.0 / np.sqrt(dk)), S, out)
+    return out
+
+
 def gated_delta_recurrent(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray,
                           S: np.ndarray, capture: Sequence[int] = ()) -> tuple[np.ndarray, np.ndarray, list]:
     """T tokens through the recurrence in one kernel call (short prefills: below ~CHUNK tokens

@@ -265,6 +265,8 @@ class Qwen35(CapturingForward):
                   hook: Hook | None, capture: Sequence[int] = ()) -> tuple[np.ndarray, list[DeltaNetState]]:
         cfg = self.config
         T = x.shape[0]
+        if T == 1 and not capture and hook is None:
+            return self._deltanet_token(w, x, st), []
         qkv = w.qkv(x)
         z = w.gate(x)
         beta = sigmoid(w.beta(x))
@@ -294,6 +296,19 @@ class Qwen35(CapturingForward):
         if hook:
             hook("linear_attn_out", il, out)
         return out, [DeltaNetState(c, S) for c, S in zip(conv_at, S_at)]
+
+    def _deltanet_token(self, w: DeltaNetWeights, x: np.ndarray, st: DeltaNetState) -> np.ndarray:
+        """A decode step's layer (no checkpoints, no hook): the projections, one kernel for the
+        rest up to the output matrix (deltanet.decode_token), the output matrix. The state
+        advances in place, on arrays of its own (a frozen snapshot's are copied first)."""
+        cfg = self.config
+        if not st.S.flags.writeable:  # shared with a stored snapshot (State.fork)
+            st.S = st.S.copy()
+        if not (st.conv.flags.writeable and st.conv.flags.c_contiguous):
+            st.conv = np.ascontiguousarray(st.conv).copy()
+        o = deltanet.decode_token(w.qkv(x), w.gate(x), w.beta(x), w.alpha(x), st.conv, w.conv, w.dt_bias, w.a,
+                                  w.norm, cfg.rms_eps, cfg.n_k_heads, st.S)
+        return w.out(o.reshape(1, cfg.value_dim))
 
     def _attention(self, w: AttentionWeights, x: np.ndarray, st: AttentionState, start: int, il: int,
                    hook: Hook | None, rope: tuple[np.ndarray, np.ndarray]) -> np.ndarray:

@@ -115,3 +115,62 @@ def test_l2_normalize_reads_heads_from_matrix_columns():
     ref = 0.5 * ref / np.sqrt((ref.astype(np.float64) ** 2).sum(-1, keepdims=True) + 1e-6)
     got = deltanet.l2_normalize(conv, 1e-6, 2, 8, col0=16, scale=0.5)
     assert got.shape == (7, 2, 8) and np.abs(got - ref).max() < 1e-6
+
+
+def _layer_inputs(H, hk, d, K=4, seed=0):
+    rng = np.random.default_rng(seed)
+    C = 2 * hk * d + H * d
+    return dict(
+        qkv=rng.standard_normal((1, C)).astype(np.float32), z=rng.standard_normal((1, H * d)).astype(np.float32),
+        beta=rng.standard_normal((1, H)).astype(np.float32), alpha=3 * rng.standard_normal((1, H)).astype(np.float32),
+        tail=rng.standard_normal((K - 1, C)).astype(np.float32),
+        conv_w=np.asfortranarray(rng.standard_normal((C, K)).astype(np.float32)),
+        dt_bias=rng.standard_normal(H).astype(np.float32), a=-np.exp(rng.standard_normal(H)).astype(np.float32),
+        norm_w=rng.standard_normal(d).astype(np.float32), S=(0.1 * rng.standard_normal((H, d, d))).astype(np.float32))
+
+
+@pytest.mark.parametrize("H,hk,d", [(4, 2, 16), (16, 16, 128), (6, 3, 32)])
+def test_decode_token_equals_the_layers_ops_one_by_one(H, hk, d):
+    """The fused decode step (deltanet.decode_token) against what the model's multi-token path
+    runs for one token: sigmoid, softplus, the conv + SiLU, the L2 norms, the key heads tiled to
+    the value heads, the recurrence, the gated RMS norm; the tail and S advanced in place."""
+    import math
+
+    from engine import ops
+
+    x, eps = _layer_inputs(H, hk, d), 1e-6
+    kd = hk * d
+    b = ops.sigmoid(x["beta"])
+    g = ops.softplus(x["alpha"] + x["dt_bias"]) * x["a"]
+    conv, tail, _ = deltanet.causal_conv1d_silu(x["qkv"], x["tail"], x["conv_w"])
+    q = np.tile(deltanet.l2_normalize(conv, eps, hk, d, col0=0, scale=1.0 / math.sqrt(d)), (1, H // hk, 1))
+    k = np.tile(deltanet.l2_normalize(conv, eps, hk, d, col0=kd), (1, H // hk, 1))
+    o, S = deltanet.gated_delta_step(q, k, conv[:, 2 * kd:].reshape(1, H, d), g, b, x["S"].copy())
+    want = (ops.rms_norm(o, x["norm_w"], eps) * ops.silu(x["z"].reshape(1, H, d))).reshape(-1)
+
+    S_fused, tail_fused = x["S"].copy(), x["tail"].copy()
+    got = deltanet.decode_token(x["qkv"], x["z"], x["beta"], x["alpha"], tail_fused, x["conv_w"], x["dt_bias"],
+                                x["a"], x["norm_w"], eps, hk, S_fused)
+    assert np.abs(got - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
+    assert np.abs(S_fused - S).max() <= 1e-5
+    assert np.array_equal(tail_fused, tail)
+
+
+def test_a_decode_step_leaves_a_frozen_states_arrays_alone(model_factory):
+    """The fused step advances the state in place, so a state forked from a frozen snapshot must
+    get arrays of its own: the snapshot's conv tail and S stay as they were, and the fork's
+    next step equals the step of an independent copy."""
+    from engine.generate import Engine
+
+    m = Engine.load(str(model_factory("tiny", "Q8_0", 0))).model
+    ids = np.arange(1, 9)
+    snap = m.new_state()
+    m.forward(ids, snap, logits="none")
+    before = snap.copy()
+    snap.freeze()
+    fork, copy = snap.fork(), snap.copy()
+    a = m.forward(np.array([9]), fork, logits="last")
+    b = m.forward(np.array([9]), copy, logits="last")
+    assert snap.max_abs_diff(before) == 0.0
+    assert np.array_equal(a, b) and fork.max_abs_diff(copy) == 0.0
+    assert fork.max_abs_diff(before) > 0.0
