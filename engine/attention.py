@@ -4,13 +4,16 @@ computed in query blocks so memory stays bounded (never T×T for long prompts)."
 from __future__ import annotations
 
 import numpy as np
-from numba import prange
+from numba import njit, prange
 
 from engine.jit import kernel
-from engine.llvm_ops import fast_exp
+from engine.llvm_ops import fast_exp, half_bits_to_f32
 
 # Bound on one block of attention scores, in floats (64 MiB).
 SCORE_BLOCK_FLOATS = 16 * 1024 * 1024
+# A decode step's keys per work item (`_decode_attention`): the items of all KV heads split
+# between the threads, whatever the head count, each item's scores and K/V rows in L1/L2.
+KEY_CHUNK = 256
 
 
 def rope_angles(positions: np.ndarray, n_rot: int, base: float, sections: list[int]) -> tuple[np.ndarray, np.ndarray]:
@@ -74,8 +77,87 @@ def _causal_softmax_rows(scores, first_pos, group, scale):
             scores[r, j] = 0.0
 
 
+@njit(parallel=True, fastmath=True, cache=True, error_model="numpy")
+def _decode_attention(q, k, v, n, scale, out):
+    """One query position over a half-precision cache (k, v (H_kv, capacity, d) as uint16 bits,
+    the first n positions valid): each
+    K and V row read once for the `group` query heads that share it. Work items are (KV head,
+    KEY_CHUNK keys), each with its own max, sum and weighted V sum; the heads' items are then
+    merged (the softmax over all keys, split: flash-decoding)."""
+    H, d = q.shape
+    H_kv = k.shape[0]
+    group = H // H_kv
+    nch = (n + KEY_CHUNK - 1) // KEY_CHUNK
+    mx = np.empty((H_kv, nch, group), dtype=np.float32)
+    tot = np.empty((H_kv, nch, group), dtype=np.float32)
+    acc = np.zeros((H_kv, nch, group, d), dtype=np.float32)
+    for item in prange(H_kv * nch):
+        kv = item // nch
+        c = item % nch
+        j0 = c * KEY_CHUNK
+        j1 = min(n, j0 + KEY_CHUNK)
+        s = np.empty((group, j1 - j0), dtype=np.float32)
+        row = np.empty(d, dtype=np.float32)
+        for j in range(j0, j1):
+            for i in range(d):
+                row[i] = half_bits_to_f32(k[kv, j, i])
+            for g in range(group):
+                t = np.float32(0.0)
+                for i in range(d):
+                    t += q[kv * group + g, i] * row[i]
+                s[g, j - j0] = t * scale
+        for g in range(group):
+            m = s[g, 0]
+            for j in range(1, j1 - j0):
+                m = max(m, s[g, j])
+            total = np.float32(0.0)
+            for j in range(j1 - j0):
+                e = fast_exp(s[g, j] - m)
+                s[g, j] = e
+                total += e
+            mx[kv, c, g] = m
+            tot[kv, c, g] = total
+        for j in range(j0, j1):
+            for i in range(d):
+                row[i] = half_bits_to_f32(v[kv, j, i])
+            for g in range(group):
+                p = s[g, j - j0]
+                for i in range(d):
+                    acc[kv, c, g, i] += p * row[i]
+    for h in prange(H):
+        kv = h // group
+        g = h % group
+        m = mx[kv, 0, g]
+        for c in range(1, nch):
+            m = max(m, mx[kv, c, g])
+        total = np.float32(0.0)
+        for i in range(d):
+            out[h, i] = 0.0
+        for c in range(nch):
+            w = fast_exp(mx[kv, c, g] - m)
+            total += w * tot[kv, c, g]
+            for i in range(d):
+                out[h, i] += w * acc[kv, c, g, i]
+        inv = np.float32(1.0) / total
+        for i in range(d):
+            out[h, i] *= inv
+
+
+def decode_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, n: int, scale: float) -> np.ndarray:
+    """One query position (q (1, H, d)) over the first n positions of a float16 cache (k, v
+    (H_kv, capacity, d), C-contiguous: the cache arrays themselves, not a copy): (1, H, d),
+    what `causal_attention` computes, each K and V row read once (`_decode_attention`)."""
+    if k.dtype != np.float16 or v.dtype != np.float16 or not (k.flags.c_contiguous and v.flags.c_contiguous):
+        raise ValueError("decode_attention reads a C-contiguous float16 cache")
+    out = np.empty(q.shape, dtype=np.float32)
+    _decode_attention(np.ascontiguousarray(q[0], dtype=np.float32), k.view(np.uint16), v.view(np.uint16), n,
+                      np.float32(scale), out[0])
+    return out
+
+
 def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int, scale: float) -> np.ndarray:
-    """q (T, H, d) for positions start..start+T-1; k, v (H_kv, n, d) with n = start + T.
+    """q (T, H, d) for positions start..start+T-1; k, v (H_kv, n, d) with n = start + T, float32
+    or the cache's float16 (state.KV_DTYPE, converted per KV head for BLAS).
 
     Query head h reads KV head h // (H / H_kv) (grouped, as ggml broadcasts).
     Returns (T, H, d).
@@ -87,11 +169,13 @@ def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int, sc
     block = max(1, min(T, SCORE_BLOCK_FLOATS // max(1, group * n)))
     for kv in range(H_kv):
         qh = q[:, kv * group:(kv + 1) * group, :]  # (T, group, d)
+        kf = k[kv].astype(np.float32, copy=False)
+        vf = v[kv].astype(np.float32, copy=False)
         for t0 in range(0, T, block):
             t1 = min(T, t0 + block)
             n_keys = start + t1  # causal: later keys are never needed for this block
             qb = np.ascontiguousarray(qh[t0:t1]).reshape(-1, d)  # ((t1-t0)*group, d)
-            scores = qb @ k[kv, :n_keys].T
+            scores = qb @ kf[:n_keys].T
             _causal_softmax_rows(scores.size, scores, start + t0, group, np.float32(scale))
-            out[t0:t1, kv * group:(kv + 1) * group, :] = (scores @ v[kv, :n_keys]).reshape(t1 - t0, group, d)
+            out[t0:t1, kv * group:(kv + 1) * group, :] = (scores @ vf[:n_keys]).reshape(t1 - t0, group, d)
     return out

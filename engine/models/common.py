@@ -12,7 +12,7 @@ from engine import attention
 from engine.errors import ModelLoadError
 from engine.gguf_file import GGUFFile
 from engine.ops import rms_norm
-from engine.state import AttentionState, State
+from engine.state import KV_DTYPE, AttentionState, State
 from engine.weights import Linear, ScratchBuffer, vector
 
 
@@ -62,7 +62,7 @@ class CapturingForward:
 
 def empty_attention(n_head_kv: int, head_dim: int) -> AttentionState:
     """An attention layer's state before any token: K and V of no positions."""
-    empty = np.zeros((n_head_kv, 0, head_dim), dtype=np.float32)
+    empty = np.zeros((n_head_kv, 0, head_dim), dtype=KV_DTYPE)
     return AttentionState(empty, empty.copy())
 
 
@@ -115,7 +115,11 @@ def attend(st: AttentionState, q: np.ndarray, k: np.ndarray, v: np.ndarray, star
     causal attention of q (T, H, d) over every position so far, scaled 1/sqrt(d): (T, H, d)."""
     T, d = q.shape[0], q.shape[2]
     st.reserve(start + T, start)
+    # stored in the cache's type (float16, as llama.cpp's cache), then read back from it: a
+    # prompt's own positions attend to the rounded K/V as later tokens will
     st.k[:, start:start + T] = np.swapaxes(k, 0, 1)
     st.v[:, start:start + T] = np.swapaxes(v, 0, 1)
     n = start + T
+    if T == 1 and st.k.dtype == np.float16:
+        return attention.decode_attention(q, st.k, st.v, n, 1.0 / math.sqrt(d))
     return attention.causal_attention(q, st.k[:, :n], st.v[:, :n], start, 1.0 / math.sqrt(d))

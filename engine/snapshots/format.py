@@ -1,4 +1,4 @@
-"""The `.wsnap` wire format (version 1): a State captured at a token position, as bytes.
+"""The `.wsnap` wire format (version 2): a State captured at a token position, as bytes.
 
 Key: model fingerprint + hash of the token prefix. Value:
 
@@ -11,8 +11,9 @@ Key: model fingerprint + hash of the token prefix. Value:
            …   arrays    raw little-endian C-order data, each at a 64-byte-aligned offset:
                          "tokens" (int32), optional "logits" (float32, the next-token logits
                          when the snapshot is the end of a prompt), then per layer
-                         "<i>.conv", "<i>.S" (DeltaNet) or "<i>.k", "<i>.v" (attention, sliced
-                         to n_tokens positions), all float32
+                         "<i>.conv", "<i>.S" (DeltaNet, float32) or "<i>.k", "<i>.v" (attention,
+                         sliced to n_tokens positions, float16 as the cache; version 1 had them
+                         float32)
       total-32   32 bytes  SHA-256 of every byte before it, or with SNAPSHOT_HMAC_KEY (flag
                          bit 0 set) HMAC-SHA256 of them under that key
 
@@ -39,13 +40,15 @@ import numpy as np
 from engine.state import LAYER_KINDS, LayerState, State
 
 MAGIC = b"WLLMSNAP"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 SUFFIX = ".wsnap"
 _PRELUDE = struct.Struct("<8sHHI")  # magic, version, flags, header length
 _ALIGN = 64
 _DIGEST = 32
 _MAX_HEADER = 256 << 10  # the header of a 64-layer model is ~10 KB
-_DTYPES = {"<f4": np.float32, "<i4": np.int32}
+_DTYPES = {"<f4": np.float32, "<f2": np.float16, "<i4": np.int32}
+# each layer array's stored type, by its name after "<i>." (state.py's classes say it)
+_LAYER_DTYPES = {name: np.dtype(dt).newbyteorder("<") for cls in LAYER_KINDS.values() for name, dt in cls.dtypes.items()}
 FLAG_HMAC = 1
 
 Key = tuple[int, str]  # (n_tokens, prefix hash)
@@ -110,8 +113,8 @@ def max_bytes(layout: list, n_tokens: int, n_vocab: int | None = None) -> int:
     by its size alone). Without `n_vocab` the logits are allowed 1 Mi floats."""
     arrays = [n_tokens * 4, (n_vocab if n_vocab is not None else 1 << 20) * 4]
     for kind, s1, s2 in layout:
-        for shape in LAYER_KINDS[kind].expected_shapes((s1, s2), n_tokens).values():
-            arrays.append(int(np.prod(shape, dtype=np.int64)) * 4)
+        for name, shape in LAYER_KINDS[kind].expected_shapes((s1, s2), n_tokens).items():
+            arrays.append(int(np.prod(shape, dtype=np.int64)) * _LAYER_DTYPES[name].itemsize)
     return _PRELUDE.size + _MAX_HEADER + _ALIGN + sum(-(-a // _ALIGN) * _ALIGN for a in arrays) + _DIGEST
 
 
@@ -180,9 +183,13 @@ def deserialize(data: bytes | bytearray | memoryview, *, fingerprint: str, key: 
         raise SnapshotError("corrupt", f"{type(exc).__name__} while parsing: {str(exc)[:200]}") from None
 
 
-# the dtype each stored array must have: states and logits float32, the prefix int32
+# the dtype each stored array must have: the prefix int32, logits float32, a layer's arrays
+# their class's (DeltaNet float32, attention float16)
 def _want_dtype(name: str) -> str:
-    return "<i4" if name == "tokens" else "<f4"
+    if name == "tokens":
+        return "<i4"
+    layer_array = name.split(".", 1)[-1]
+    return _LAYER_DTYPES[layer_array].str if "." in name and layer_array in _LAYER_DTYPES else "<f4"
 
 
 def _deserialize(mv: memoryview, fingerprint: str, key: Key, tokens: Sequence[int] | None, layout: list,
@@ -272,7 +279,7 @@ def _deserialize(mv: memoryview, fingerprint: str, key: Key, tokens: Sequence[in
         raise SnapshotError("corrupt", f"array {exc} missing") from None
     # a NaN or Inf in a state never comes from a forward pass; applied, it would answer garbage
     for name, a in arrays.items():
-        if a.dtype == np.float32 and not np.isfinite(a).all():
+        if a.dtype.kind == "f" and not np.isfinite(a).all():
             raise SnapshotError("corrupt", f"array {name} holds NaN or Inf")
     return Snapshot(tok, State(n, layers), logits)
 

@@ -48,7 +48,7 @@ def test_extend_equals_full_prefill_and_states_match(tiny):
     ext = tiny.forward(ids[50:], st)
     assert cosine(full, ext) >= 0.99999
     assert st.n_tokens == full_state.n_tokens == 90
-    assert st.max_abs_diff(full_state) < 1e-4
+    assert st.max_abs_diff(full_state, kv_ulps=1) < 1e-4
 
 
 def test_state_copy_is_independent(tiny):
@@ -210,7 +210,7 @@ def test_forward_capturing_returns_the_prefix_states_of_one_pass(model_factory, 
     for p in capture:
         ref = model.new_state()
         model.forward(ids[:p], ref, logits="none")
-        assert states[p].n_tokens == p and states[p].max_abs_diff(ref) < 1e-4, p
+        assert states[p].n_tokens == p and states[p].max_abs_diff(ref, kv_ulps=1) < 1e-4, p
         # continuing from the captured state gives what continuing the fresh prefix gives
         nxt = ids[p:p + 3] if p < n_tokens else _ids(3, seed=12)
         a = model.forward(nxt, states[p])

@@ -99,7 +99,7 @@ def test_prefill_splits_only_at_chunks_and_captures_checkpoints_inside(model_fac
         m.forward(np.array(PROMPT[:n]), ref, logits="none")
         attn = next(layer for layer in snap.state.layers if isinstance(layer, AttentionState))
         assert snap.state.n_tokens == n and attn.k.shape[1] == n
-        assert snap.state.max_abs_diff(ref) < 1e-3
+        assert snap.state.max_abs_diff(ref, kv_ulps=1) < 1e-3
 
 
 @FAMILIES

@@ -20,7 +20,7 @@ import pytest
 
 from engine import snapshots as S
 from engine.settings import SnapshotSettings
-from engine.state import AttentionState, DeltaNetState, State
+from engine.state import KV_DTYPE, AttentionState, DeltaNetState, State
 
 ROOT = Path(__file__).resolve().parents[2]
 FP = "f" * 32
@@ -30,9 +30,11 @@ LAYOUT = [("deltanet", (3, 16), (2, 4, 4)), ("deltanet", (3, 16), (2, 4, 4)), ("
 def make_snap(n: int, seed: int = 0, logits: bool = False) -> S.Snapshot:
     rng = np.random.default_rng(seed)
     r = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
-    # attention capacity larger than n: only the first n positions may be stored
+    # attention capacity larger than n: only the first n positions may be stored; K/V in the
+    # cache's type (float16)
+    h = lambda *s: r(*s).astype(KV_DTYPE)  # noqa: E731
     state = State(n, [DeltaNetState(r(3, 16), r(2, 4, 4)), DeltaNetState(r(3, 16), r(2, 4, 4)),
-                      AttentionState(r(1, n + 7, 8), r(1, n + 7, 8))])
+                      AttentionState(h(1, n + 7, 8), h(1, n + 7, 8))])
     tokens = rng.integers(0, 1000, n).astype(np.int32)
     return S.Snapshot(tokens, state, r(50) if logits else None)
 
@@ -73,15 +75,18 @@ def test_round_trip_slices_kv_and_keeps_every_array():
 
 def test_wire_format_bytes_are_pinned():
     """The `.wsnap` bytes of a fixed snapshot: snapshots written by an older build on EFS or S3
-    must stay readable, so a change here is a FORMAT_VERSION bump, never an accident. The digest
-    was produced by engine/snapshots.py before it became a package (commit 0f4e76c)."""
+    must stay readable, so a change here is a FORMAT_VERSION bump, never an accident. Version 1's
+    digest was produced by engine/snapshots.py before it became a package (commit 0f4e76c);
+    version 2 (float16 attention K/V) by engine/snapshots/format.py when the cache became float16."""
     f = lambda n, *s: np.arange(np.prod(s), dtype=np.float32).reshape(s) * 0.5 - n  # noqa: E731
+    h = lambda n, *s: f(n, *s).astype(np.float16)  # noqa: E731
     state = State(5, [DeltaNetState(f(1, 3, 16), f(2, 2, 4, 4)), DeltaNetState(f(3, 3, 16), f(4, 2, 4, 4)),
-                      AttentionState(f(5, 1, 9, 8), f(6, 1, 9, 8))])
+                      AttentionState(h(5, 1, 9, 8), h(6, 1, 9, 8))])
     snap = S.Snapshot(np.arange(5, dtype=np.int32) * 7, state, np.linspace(-1, 1, 50, dtype=np.float32))
     data = bytes(S.serialize(snap, FP, "ab" * 16, created=1700000000.25))
-    assert len(data) == 2208
-    assert hashlib.sha256(data).hexdigest() == "9eb114ae5727a74ab8a901c4de898dc04d26dfd70fc9758cc53a330ab8bf11d5"
+    assert S.FORMAT_VERSION == 2
+    assert len(data) == 2080
+    assert hashlib.sha256(data).hexdigest() == "679f8c97acdbc3b867f0ecc2c0023ca602c7282ac2c9839257adb909ba1277d9"
 
 
 def test_prefix_hashes_match_one_shot_hashes():
