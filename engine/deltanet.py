@@ -107,6 +107,30 @@ def l2_normalize(x: np.ndarray, eps: float, heads: int, d: int, col0: int = 0,
     return out
 
 
+@njit(inline="always", fastmath=True, cache=True)
+def _head_step(Sh, qh, kh, vh, decay, b, mem, oh):
+    """One token through one value head's state Sh (d_k, d_v), in place; oh = its output. Two
+    passes over Sh: mem = Shᵀk, then Sh = decay·Sh + k ⊗ delta with oh = Shᵀq as it is written."""
+    dk, dv = Sh.shape
+    for j in range(dv):
+        mem[j] = 0.0
+    for i in range(dk):
+        ki = kh[i]
+        for j in range(dv):
+            mem[j] += Sh[i, j] * ki
+    for j in range(dv):
+        mem[j] = (vh[j] - mem[j] * decay) * b  # now delta
+    for j in range(dv):
+        oh[j] = 0.0
+    for i in range(dk):
+        ki = kh[i]
+        qi = qh[i]
+        for j in range(dv):
+            s = Sh[i, j] * decay + ki * mem[j]
+            Sh[i, j] = s
+            oh[j] += s * qi
+
+
 @njit(parallel=True, fastmath=True, cache=True)
 def _delta_steps(q, k, v, g, beta, S, o, cap_at, caps):
     """The recurrence over T tokens, fused per head: two passes over the head's (d_k, d_v) state
@@ -123,25 +147,7 @@ def _delta_steps(q, k, v, g, beta, S, o, cap_at, caps):
         mem = np.empty(dv, dtype=np.float32)
         c = 0
         for t in range(T):
-            decay = np.exp(g[t, h])
-            for j in range(dv):
-                mem[j] = 0.0
-            for i in range(dk):
-                ki = k[t, h, i]
-                for j in range(dv):
-                    mem[j] += S[h, i, j] * ki
-            b = beta[t, h]
-            for j in range(dv):
-                mem[j] = (v[t, h, j] - mem[j] * decay) * b  # now delta
-            for j in range(dv):
-                o[t, h, j] = 0.0
-            for i in range(dk):
-                ki = k[t, h, i]
-                qi = q[t, h, i]
-                for j in range(dv):
-                    s = S[h, i, j] * decay + ki * mem[j]
-                    S[h, i, j] = s
-                    o[t, h, j] += s * qi
+            _head_step(S[h], q[t, h], k[t, h], v[t, h], np.exp(g[t, h]), beta[t, h], mem, o[t, h])
             while c < cap_at.shape[0] and cap_at[c] == t + 1:
                 caps[c, h] = S[h]
                 c += 1
@@ -207,25 +213,8 @@ def _decode_token(qkv, z, beta_in, alpha_in, tail, wt, dt_bias, a, norm_w, eps, 
         kh = h % hk  # value head h reads key head h % n_k_heads
         mem = np.empty(dv, dtype=np.float32)
         o = np.empty(dv, dtype=np.float32)
-        decay = np.exp(g[h])
-        for j in range(dv):
-            mem[j] = 0.0
-        for i in range(dk):
-            ki = kn[kh, i]
-            for j in range(dv):
-                mem[j] += S[h, i, j] * ki
-        b = beta[h]
-        for j in range(dv):
-            mem[j] = (conv[2 * kd + h * dv + j] - mem[j] * decay) * b
-        for j in range(dv):
-            o[j] = 0.0
-        for i in range(dk):
-            ki = kn[kh, i]
-            qi = qn[kh, i]
-            for j in range(dv):
-                s = S[h, i, j] * decay + ki * mem[j]
-                S[h, i, j] = s
-                o[j] += s * qi
+        v0 = 2 * kd + h * dv
+        _head_step(S[h], qn[kh], kn[kh], conv[v0:v0 + dv], np.exp(g[h]), beta[h], mem, o)
         ss = np.float32(0.0)
         for j in range(dv):
             ss += o[j] * o[j]
