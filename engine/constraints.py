@@ -13,10 +13,11 @@ Three layers:
   :func:`tool_call_grammar`; :func:`compile_grammar` validates it against the vocabulary (a
   construct llguidance cannot do is a :class:`GrammarError` naming it) and caches the result per
   grammar text, so a warm process compiles a tool list once.
-- :class:`Constraint` runs one generation: it waits until reasoning is over (the family's close
-  marker, ``</think>``) and, for ``tool_choice: auto``, until the model opens the tool-call marker
-  (``<tool_call>``) itself; from then on it masks the
-  logits with the tokens the grammar allows and consumes each sampled token. The next mask is
+- :class:`Constraint` runs one generation: it waits until reasoning is over (where
+  engine/reasoning.py's one rule says the reply parser's content starts, however the close marker
+  was tokenized) and, for ``tool_choice: auto``, until the model opens the tool-call marker
+  (``<tool_call>``) itself; from then on it masks the logits with the tokens the grammar allows
+  and consumes each sampled token. The next mask is
   computed on a worker thread while the forward of the sampled token runs (llguidance drops the GIL).
 
 The tool-call grammar writes the family's syntax (engine/conventions.py) exactly as its chat
@@ -41,6 +42,7 @@ import numpy as np
 
 from engine.conventions import ChatConventions
 from engine.json_numbers import finite_schema
+from engine.reasoning import ReasoningWatch
 from engine.termination import unfinishable_lark, unfinishable_schema
 from engine.tokenizer import BYTE_TO_UNICODE, Tokenizer, TokenType
 
@@ -501,22 +503,23 @@ _MASK_POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="warmllm-mask"
 class Constraint:
     """The grammar state of one generation.
 
-    ``reasoning_open``: the prompt left a reasoning block open, so nothing is masked until the
-    model writes ``think_close`` (the family's marker, ``</think>``; None: no reasoning). Call :meth:`mask` on each step's logits before sampling and
-    :meth:`accept` with the sampled token; :attr:`finished` says the grammar is complete (the
+    ``reasoning``: the reply's reasoning (engine/reasoning.py), when the prompt left a reasoning
+    block open: nothing is masked by the grammar until it ends -- wherever
+    :func:`engine.reasoning.split_reasoning` says it ends, so the parser's content and the masked
+    text are the same text -- and meanwhile the reply may neither stop nor close the block with
+    answer text in the same token. Call :meth:`mask` on each step's logits before sampling and
+    :meth:`accept` with the kept token; :attr:`finished` says the grammar is complete (the
     generation stops there, finish_reason ``stop``)."""
 
     compiled: CompiledGrammar
     tokenizer: Tokenizer
-    reasoning_open: bool = False
-    think_close: str | None = None
+    reasoning: ReasoningWatch | None = None
     mask_ms: float = 0.0
     masked_steps: int = 0
     _matcher: Any = None
     _active: bool = False
     _pending: Future | None = None
     _bits: np.ndarray | None = None
-    _think_close: int | None = None
     _trigger: int | None = None
     finished: bool = False
     error: str | None = None
@@ -525,16 +528,18 @@ class Constraint:
         self._matcher = self.compiled.matcher.deep_copy()
         n = self.tokenizer.n_vocab
         self._bits = np.full((n + 31) // 32, -1, dtype=np.int32)
-        self._think_close = self.tokenizer.token_id(self.think_close) if self.think_close else None
         trig = self.compiled.spec.trigger
         self._trigger = self.tokenizer.token_id(trig) if trig else None
         if trig and self._trigger is None:
             raise GrammarError(self.compiled.spec.field, f"the vocabulary has no {trig} token")
-        if self.reasoning_open and self._think_close is None:
-            self.reasoning_open = False
         self._active = not self.reasoning_open and self._trigger is None
         if self._active:
             self._prefetch()
+
+    @property
+    def reasoning_open(self) -> bool:
+        """The reply is still inside its reasoning block."""
+        return self.reasoning is not None and self.reasoning.open
 
     @property
     def active(self) -> bool:
@@ -550,6 +555,11 @@ class Constraint:
         """``logits`` with the tokens the grammar forbids at -inf (a new array; the input is left
         alone). Unchanged while the constraint is not active."""
         if not self._active:
+            if self.reasoning is not None and self.reasoning.open and self._trigger is None:
+                # the answer's grammar comes next: keep it reachable
+                out = np.array(logits, dtype=np.float32, copy=True)
+                out[self.reasoning.forbidden()] = -np.inf
+                return out
             return logits
         t0 = time.perf_counter()
         if self._pending is None:
@@ -576,8 +586,8 @@ class Constraint:
             return
         if not self._active:
             if self.reasoning_open:
-                if token == self._think_close:
-                    self.reasoning_open = False
+                assert self.reasoning is not None
+                if self.reasoning.feed(token):  # the block closed with this token
                     self._active = self._trigger is None
                     if self._active:
                         self._prefetch()

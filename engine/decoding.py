@@ -43,6 +43,15 @@ class TokenPicker:
             self.logprobs.append(TokenLogprob(tok, lp, top))
         return tok
 
+    def force(self, logits: np.ndarray, token: int) -> int:
+        """``token`` chosen for the model (a reasoning block closed for it): no sampling, the
+        logprobs entry says what the model thought of it."""
+        if self.logprobs is not None and self.top_n is not None:
+            z = self.sampler.adjust(logits)
+            lp, top = top_logprobs(z, token, self.top_n)
+            self.logprobs.append(TokenLogprob(token, lp, top))
+        return token
+
     def accept(self, token: int) -> None:
         self.sampler.observe(token)
         if self.constraint is not None:

@@ -23,6 +23,7 @@ from engine.gguf_file import GGUFFile
 from engine.history import FieldEscape, Piece, split_history_reasoning
 from engine.jsonlog import LogFn, log_event
 from engine.models import LanguageModel, load_conventions, load_model
+from engine.reasoning import ReasoningWatch, close_text, reasoning_budget
 from engine.sampling import Sampler, SamplingParams
 from engine.session import PrefillResult, Session
 from engine.settings import Settings
@@ -343,11 +344,18 @@ class Engine:
             compiled = compile_grammar(grammar, self.tokenizer)  # cached per grammar in the warm process
             timings["grammar_ms"] = (time.perf_counter() - tg) * 1e3
             tokenize_ms += timings["grammar_ms"]  # preparing the request: the log's stages still sum
-            opens = isinstance(prompt, ChatPrompt) and prompt.opens_reasoning
-            constraint = Constraint(compiled, self.tokenizer, reasoning_open=opens,
-                                    think_close=self.conventions.think_close)
+            opens = isinstance(prompt, ChatPrompt) and prompt.opens_reasoning and self.conventions.reasons
+            watch = ReasoningWatch(self.tokenizer, self.conventions, True) if opens else None
+            constraint = Constraint(compiled, self.tokenizer, reasoning=watch)
         pick = TokenPicker(Sampler(sampling or SamplingParams()), constraint, logprobs)
-        stops = [s for s in stop if s]
+        # A reply a grammar shapes from the end of its reasoning on (a schema, a forced tool call)
+        # ends where the grammar does: a stop string would cut it into text the schema refuses.
+        shaped = constraint is not None and constraint.compiled.spec.trigger is None
+        stops = [] if shaped else [s for s in stop if s]
+        # ... and its reasoning keeps room for the answer: past the budget the close marker is
+        # written for the model (engine/reasoning.py)
+        budget = reasoning_budget(limit) if shaped and constraint is not None and constraint.reasoning_open else None
+        forced: list[int] = []
 
         # Background snapshot writes wait until the first token is out: the prefill and the
         # first sample must not share the CPU with serialising and uploading a snapshot.
@@ -397,7 +405,13 @@ class Engine:
                 deadline_hit = True
                 break
             logits = self.session.step(tok)
-            tok = pick(logits)
+            if budget is not None and not forced and constraint is not None and constraint.reasoning_open \
+                    and len(out) >= budget:
+                close = self.tokenizer.encode(close_text(self.conventions), add_special=False)
+                if len(out) + len(close) < limit:  # the marker and at least one answer token fit
+                    forced = close
+                budget = None
+            tok = pick.force(logits, forced.pop(0)) if forced else pick(logits)
         pick.close()
         if not stopped_by_string:
             text += decoder.flush()

@@ -33,6 +33,7 @@ from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from engine.conventions import ChatConventions
+from engine.reasoning import split_reasoning
 
 from .tool_calls import parse_output
 
@@ -181,28 +182,21 @@ class ChatStream:
             self.out.send(self._chunk({"role": "assistant", "content": ""}))
 
     def _split(self, text: str) -> tuple[str, str, bool]:
-        """(reasoning so far, content so far, still inside reasoning) for an unfinished text, with
-        only what can no longer change: partial tags and whitespace that may be stripped held."""
+        """(reasoning so far, content so far, still inside reasoning) for an unfinished text, by
+        the parser's own rule (engine/reasoning.py), with only what can no longer change: partial
+        tags and whitespace that may be stripped held."""
         open_, close = self.conventions.think_open, self.conventions.think_close
         if open_ is None or close is None:
             return "", text, False
-        in_think = self.opens_think
-        body = text
-        if open_ in body:
-            before, _, body = body.partition(open_)
-            if before.strip():         # text before a <think>: leave the split to the final parse
-                return "", "", False
-            in_think = True
-        elif not in_think and _partial_tag_len(body.lstrip(), (open_,)) == len(body.lstrip()) and body.strip():
-            return "", "", False       # may still become "<think>"
-        if in_think:
-            reasoning, closed, rest = body.partition(close)
-            if not closed:
-                r = reasoning.lstrip()
-                r = r[:len(r) - _partial_tag_len(r, (close,))]
-                return r.rstrip(), "", True
-            return reasoning.strip(), rest.lstrip(), False
-        return "", body, False
+        lead = text.lstrip()
+        if not self.opens_think and _partial_tag_len(lead, (open_,)) == len(lead):
+            return "", "", False       # blank, or may still become "<think>"
+        split = split_reasoning(text, self.conventions, self.opens_think)
+        if split.open:
+            r = split.reasoning or ""
+            r = r[:len(r) - _partial_tag_len(r, (close,))]
+            return r.rstrip(), "", True
+        return split.reasoning or "", split.content, False
 
     def _safe_content(self, content: str, stripped: bool) -> str:
         if self.tools:
@@ -226,7 +220,7 @@ class ChatStream:
         if thinking:
             return
         stripped = self.opens_think or (self.conventions.think_open is not None
-                                        and self.conventions.think_open in self.text)
+                                        and self.text.lstrip().startswith(self.conventions.think_open))
         safe = self._safe_content(content, stripped)
         if safe.startswith(self.sent_content) and len(safe) > len(self.sent_content):
             self.out.send(self._chunk({"content": safe[len(self.sent_content):]}))

@@ -9,9 +9,10 @@ one).
 
 Each well-formed block naming a declared tool becomes an OpenAI ``tool_call`` whose
 ``arguments`` is a JSON string. A block that is malformed, unclosed (generation cut) or names an
-undeclared function stays in the text, untouched. Reasoning is whatever sits in the family's
-reasoning block (``<think>…</think>``); when the chat template already opened it in the prompt,
-the text up to the close marker is reasoning. A family without reasoning has none.
+undeclared function stays in the text, untouched. Reasoning is split off by
+engine/reasoning.py's one rule, which the grammar mask follows too: the family's block
+(``<think>…</think>``) opened by the chat template's prompt or at the very start of the reply. A
+family without reasoning has none.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from engine.constraints import schema_types
 from engine.conventions import ChatConventions
 from engine.json_numbers import loads_finite
+from engine.reasoning import split_reasoning
 
 _FUNC = re.compile(r"\s*<function=([^>\n]+)>(.*?)</function>\s*", re.S)
 _PARAM = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.S)
@@ -33,26 +35,6 @@ class ParsedOutput:
     content: str
     reasoning: str | None
     tool_calls: list[dict]
-
-
-def split_reasoning(text: str, conventions: ChatConventions, prompt_opens_think: bool = False
-                    ) -> tuple[str | None, str]:
-    """(reasoning or None, the rest)."""
-    open_, close = conventions.think_open, conventions.think_close
-    if open_ is None or close is None:
-        return None, text
-    if open_ in text:
-        before, _, after = text.partition(open_)
-        reasoning, closed, rest = after.partition(close)
-        if not closed:
-            return reasoning.strip() or None, before.strip()
-        return reasoning.strip() or None, (before + rest).strip()
-    if close in text:
-        reasoning, _, rest = text.partition(close)
-        return reasoning.strip() or None, rest.strip()
-    if prompt_opens_think:
-        return text.strip() or None, ""
-    return None, text
 
 
 def coerce(value: str, schema) -> object:
@@ -175,7 +157,8 @@ def parse_tool_calls(text: str, tools: list[dict] | None, conventions: ChatConve
 
 def parse_output(text: str, *, tools: list[dict] | None, conventions: ChatConventions,
                  prompt_opens_think: bool = False) -> ParsedOutput:
-    reasoning, rest = split_reasoning(text, conventions, prompt_opens_think)
+    split = split_reasoning(text, conventions, prompt_opens_think)
+    reasoning, rest = split.reasoning, split.content
     if tools:
         rest, calls = parse_tool_calls(rest, tools, conventions)
     else:

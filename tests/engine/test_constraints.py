@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from engine import constraints as C
 from engine.conventions import ChatConventions
 from engine.models.qwen35 import CONVENTIONS as QWEN35
+from engine.reasoning import ReasoningWatch
 from engine.synthetic.vocab import build_vocab
 from engine.tokenizer import Tokenizer, TokenType
 from function.tool_calls import coerce, parse_output
@@ -29,8 +30,8 @@ def tok() -> Tokenizer:
 def drive(spec: C.GrammarSpec, tok: Tokenizer, seed: int, max_steps: int = 400,
           reasoning_open: bool = False, prefix: list[int] | None = None) -> tuple[str, C.Constraint]:
     """Decode with random logits under the constraint (greedy on noise: an adversarial 'model')."""
-    c = C.Constraint(C.compile_grammar(spec, tok), tok, reasoning_open=reasoning_open,
-                     think_close=QWEN35.think_close)
+    watch = ReasoningWatch(tok, QWEN35, True) if reasoning_open else None
+    c = C.Constraint(C.compile_grammar(spec, tok), tok, reasoning=watch)
     rng = np.random.default_rng(seed)
     out: list[int] = []
     forced = list(prefix or [])
@@ -205,6 +206,45 @@ def test_grammar_waits_for_the_end_of_reasoning(tok):
     head, _, body = text.partition("</think>")
     assert head == "hmm, not JSON {{{"             # unmasked: the forced reasoning went through
     assert json.loads(body) in ({"ok": True}, {"ok": False})
+
+
+OK_SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+             "additionalProperties": False}
+
+
+@pytest.mark.parametrize("spelling", ["the special token", "text tokens", "text tokens and a blank line"])
+def test_the_mask_starts_where_the_parser_says_reasoning_ends(tok, spelling):
+    # issue 52: the mask waited for the one </think> token id while the parser splits on the text,
+    # so a model spelling the marker in pieces answered unmasked
+    close = {"the special token": [tok.token_id("</think>")],
+             "text tokens": tok.encode_text("</think>"),
+             "text tokens and a blank line": tok.encode_text("</think>\n\n")}[spelling]
+    assert len(close) == 1 or tok.token_id("</think>") not in close
+    thought = tok.encode_text("hmm, not JSON {{{") + close
+    text, c = drive(C.json_schema_grammar(OK_SCHEMA), tok, seed=5, reasoning_open=True, prefix=thought)
+    parsed = parse_output(text, tools=None, conventions=QWEN35, prompt_opens_think=True)
+    assert parsed.reasoning == "hmm, not JSON {{{"
+    assert json.loads(parsed.content) in ({"ok": True}, {"ok": False}), text
+    assert c.masked_steps > 0
+
+
+def test_while_reasoning_a_shaped_reply_can_neither_stop_nor_answer_around_the_grammar(tok):
+    c = C.Constraint(C.compile_grammar(C.json_schema_grammar(OK_SCHEMA), tok), tok,
+                     reasoning=ReasoningWatch(tok, QWEN35, True))
+    zero = np.zeros(tok.n_vocab, dtype=np.float32)
+    assert np.isneginf(c.mask(zero)[sorted(tok.eog_ids)]).all()   # stopping now would leave no answer
+    for t in tok.encode_text("thinking </think"):
+        c.accept(t)
+    assert c.reasoning_open and not c.active
+    # every token that would close the block and carry answer text past the grammar, found by
+    # trying each one on the text so far
+    smuggles = {i for i in range(tok.n_vocab)
+                if (after := ("thinking </think" + tok.decode([i])).partition("</think>"))[1] and after[2].strip()}
+    assert smuggles                                              # the vocabulary has some (">{", ...)
+    assert set(np.flatnonzero(np.isneginf(c.mask(zero)))) == smuggles | set(tok.eog_ids)
+    c.accept(tok.token_id("</think>"))
+    assert c.active and not c.reasoning_open
+    c.close()
 
 
 def test_regex_and_lark_grammars(tok):

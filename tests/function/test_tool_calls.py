@@ -7,7 +7,8 @@ import pytest
 
 from engine.conventions import ChatConventions
 from engine.models.qwen35 import CONVENTIONS as QWEN35
-from function.tool_calls import coerce, parse_output, parse_tool_calls, split_reasoning
+from engine.reasoning import split_reasoning
+from function.tool_calls import coerce, parse_output, parse_tool_calls
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
     "city": {"type": "string"}, "days": {"type": "integer"}, "metric": {"type": "boolean"},
@@ -69,17 +70,25 @@ def test_wrongly_typed_values_fall_back_to_the_string():
     assert coerce("5", {"anyOf": [{"type": "integer"}, {"type": "string"}]}) == 5
 
 
-@pytest.mark.parametrize("text,opened,reasoning,rest", [
-    ("<think>\nplan\n</think>\n\nAnswer", False, "plan", "Answer"),
-    ("plan\n</think>\n\nAnswer", True, "plan", "Answer"),
-    ("plan\n</think>\n\nAnswer", False, "plan", "Answer"),
-    ("still thinking", True, "still thinking", ""),
-    ("no tags", False, None, "no tags"),
-    ("<think>\n\n</think>\n\nAnswer", False, None, "Answer"),
-    ("<think>cut", False, "cut", ""),
+@pytest.mark.parametrize("text,opened,reasoning,rest,still_open", [
+    ("<think>\nplan\n</think>\n\nAnswer", False, "plan", "Answer", False),
+    ("\n<think>plan</think>Answer", False, "plan", "Answer", False),
+    ("plan\n</think>\n\nAnswer", True, "plan", "Answer", False),
+    ("still thinking", True, "still thinking", "", True),
+    ("no tags", False, None, "no tags", False),
+    ("<think>\n\n</think>\n\nAnswer", False, None, "Answer", False),
+    ("<think>cut", False, "cut", "", True),
+    # the model thinks inside the block the prompt opened: a <think> in it is reasoning text
+    ("a\n<think>b</think>c", True, "a\n<think>b", "c", False),
+    # no block opened by the prompt or at the reply's start: all of it is the answer (the mask
+    # shaped it from its first token, so a marker inside it is text)
+    ("plan\n</think>\n\nAnswer", False, None, "plan\n</think>\n\nAnswer", False),
+    ('{"a": "</think>"}', False, None, '{"a": "</think>"}', False),
+    ("Sure. <think>x</think> y", False, None, "Sure. <think>x</think> y", False),
 ])
-def test_reasoning_split(text, opened, reasoning, rest):
-    assert split_reasoning(text, QWEN35, opened) == (reasoning, rest)
+def test_reasoning_split(text, opened, reasoning, rest, still_open):
+    split = split_reasoning(text, QWEN35, opened)
+    assert (split.reasoning, split.content, split.open) == (reasoning, rest, still_open)
 
 
 def test_reasoning_then_tool_call():
