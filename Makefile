@@ -126,6 +126,7 @@ DEPLOY_ARGS ?= --no-fail-on-empty-changeset
 export SAM_CLI_TELEMETRY ?= 0
 
 $(SAM_STAMP):
+	@echo "Installing AWS SAM CLI into $(SAM_VENV) (~340 MB, once): the deploy tests run sam validate and sam build"
 	$(PYTHON) -m venv $(SAM_VENV)
 	$(SAM_VENV)/bin/pip install -q 'aws-sam-cli>=1.170,<2'
 	touch $(SAM_STAMP)

@@ -405,6 +405,7 @@ class ChatPrompt:
     boundaries: list[int] = field(default_factory=list)
     spliced_tokens: int = 0  # leading ids taken from the warm session (its own reply tokens)
     opens_reasoning: bool = False
+    tokenize_ms: float = 0.0  # of the time chat_prompt took, turning the rendered text into ids
 
 
 def opens_reasoning(rendered: str, think_open: str | None) -> bool:

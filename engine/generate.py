@@ -226,12 +226,14 @@ class Engine:
         with template.budget():
             rendered, msgs, tools_e = self._render_fields(messages, tools, add_generation_prompt, template_kwargs)
             offsets = boundary_offsets(template.render, msgs, tools_e, rendered, template_kwargs)
+        t = time.perf_counter()
         pieces = self.field_escape.pieces(rendered)
         to_text = self.field_escape.offset_map(rendered)
         ids, spliced = self._encode_reusing(pieces)
-        return ChatPrompt("".join(p.text for p in pieces), ids,
-                          self._offsets_to_positions(ids, [to_text(o) for o in offsets]), spliced,
-                          opens_reasoning=add_generation_prompt and opens_reasoning(rendered, self.conventions.think_open))
+        positions = self._offsets_to_positions(ids, [to_text(o) for o in offsets])
+        return ChatPrompt("".join(p.text for p in pieces), ids, positions, spliced,
+                          opens_reasoning=add_generation_prompt and opens_reasoning(rendered, self.conventions.think_open),
+                          tokenize_ms=(time.perf_counter() - t) * 1e3)
 
     def _offsets_to_positions(self, ids: list[int], offsets: list[int]) -> list[int]:
         """Token positions whose decoded text ends exactly at one of the character offsets

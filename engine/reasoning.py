@@ -20,13 +20,12 @@ marker is written for the model, so the answer keeps room.
 """
 from __future__ import annotations
 
-import threading
-import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from engine.conventions import ChatConventions
+from engine.markers import forbidden_after
 from engine.tokenizer import IncrementalDecoder, Tokenizer
 
 __all__ = ["ReasoningSplit", "ReasoningWatch", "close_text", "reasoning_budget", "split_reasoning"]
@@ -77,35 +76,6 @@ def close_text(conventions: ChatConventions) -> str:
 
 # ----------------------------------------------------------------------------- the watch
 
-# per tokenizer and close marker: for each k, the tokens that would complete the marker when the
-# text ends with its first k characters and carry non-blank text after it
-_CROSSERS: weakref.WeakKeyDictionary[Tokenizer, dict[str, list[np.ndarray]]] = weakref.WeakKeyDictionary()
-_CROSSERS_LOCK = threading.Lock()
-
-
-def _crossers(tok: Tokenizer, marker: str) -> list[np.ndarray]:
-    with _CROSSERS_LOCK:
-        per = _CROSSERS.setdefault(tok, {})
-        hit = per.get(marker)
-    if hit is not None:
-        return hit
-    last = marker[-1]
-    # a token completes the marker only if it holds its last character; the stored text keeps
-    # printable ASCII as itself (byte-level BPE), so that filter is a cheap first pass
-    candidates = [i for i in range(tok.n_vocab) if last in tok.piece(i)]
-    out: list[list[int]] = [[] for _ in marker]
-    for i in candidates:
-        t = tok.token_bytes(i).decode("utf-8", errors="replace")
-        for k in range(len(marker)):
-            s = marker[:k] + t
-            at = s.find(marker)
-            if at >= 0 and s[at + len(marker):].strip():
-                out[k].append(i)
-    tables = [np.asarray(ids, dtype=np.int64) for ids in out]
-    with _CROSSERS_LOCK:
-        _CROSSERS.setdefault(tok, {})[marker] = tables
-    return tables
-
 
 @dataclass
 class ReasoningWatch:
@@ -141,6 +111,4 @@ class ReasoningWatch:
         token that would finish the close marker with answer text after it in the same token."""
         close = self.conventions.think_close
         assert close is not None
-        tables = _crossers(self.tokenizer, close)
-        parts = [self._eog] + [tables[k] for k in range(len(close)) if self.text.endswith(close[:k])]
-        return np.concatenate(parts)
+        return np.concatenate([self._eog, forbidden_after(self.text, self.tokenizer, close, blank_ok=True)])

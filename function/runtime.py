@@ -33,7 +33,7 @@ from .errors import APIError, bad_request, context_overflow, internal, method_no
 from .request_log import RequestLog, init_line
 from .settings import FunctionSettings
 from .structured import grammar_for, logprob_entries
-from .tool_calls import parse_output
+from .tool_calls import finish_reason, parse_output
 from .watchdog import Watchdog
 
 if TYPE_CHECKING:  # loaded in the init thread, never at import (cold start)
@@ -439,6 +439,9 @@ class Runtime:
             except ValueError as exc:      # engine.chat_template.TemplateError is a ValueError
                 raise bad_request(f"the chat template rejected the messages: {exc}", "messages",
                                   "invalid_messages") from None
+        # chat_prompt renders and tokenizes: its tokenizer time is the log's tokenize_ms
+        log.add_ms("template_ms", -cp.tokenize_ms)
+        log.add_ms("tokenize_ms", cp.tokenize_ms)
         return cp, cp.opens_reasoning
 
     @staticmethod
@@ -452,7 +455,7 @@ class Runtime:
                 raise bad_request(f"'logit_bias' names token {tid}; the vocabulary has {eng.tokenizer.n_vocab}",
                                   f"logit_bias.{tid}")
         try:
-            grammar = grammar_for(greq, eng.conventions)
+            grammar = grammar_for(greq, eng.conventions, eng.tokenizer.marker_texts)
         except GrammarError as exc:
             raise bad_request(f"'{exc.field}' cannot be enforced: {exc.reason}", exc.field,
                               "unsupported_schema") from None
@@ -573,7 +576,7 @@ class _Reply:
             # max_tokens or the deadline cut it first
             parsed = parse_output(result.text, tools=g.tools if g.parse_tool_calls else None,
                                   conventions=self.eng.conventions, prompt_opens_think=self.opens_reasoning)
-            finish = "tool_calls" if parsed.tool_calls else result.finish_reason
+            finish = finish_reason(result.finish_reason, parsed.tool_calls)
             log.set(finish_reason=finish)
             msg = oa.chat_message(parsed.content, parsed.reasoning, parsed.tool_calls)
             chat_lp = oa.chat_logprobs(lps) if lps is not None else None

@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import os
+import signal
 import sys
 import threading
 import time
@@ -149,19 +151,40 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8080)
     a = ap.parse_args(argv)
-    srv = make_server(a.host, a.port)
-    host, port = srv.server_address[:2]
-    host = host.decode() if isinstance(host, bytes) else host
-    sys.stderr.write(json.dumps({"event": "serve", "url": f"http://{host}:{port}/v1"}) + "\n")
-    sys.stderr.flush()
+    # Ctrl-C (SIGINT) and a terminal, IDE or process manager's SIGTERM both end the server the same
+    # way, at any moment from here on: closed, exit status 0 (SIGTERM left to its default made
+    # `make serve` say Error 143)
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)   # also when started with SIGINT ignored (`cmd &` in a script)
+    srv = None
     try:
+        srv = make_server(a.host, a.port)
+        host, port = srv.server_address[:2]
+        host = host.decode() if isinstance(host, bytes) else host
+        sys.stderr.write(json.dumps({"event": "serve", "url": f"http://{host}:{port}/v1"}) + "\n")
+        sys.stderr.flush()
         srv.serve_forever()
     except KeyboardInterrupt:
         pass
     finally:
-        srv.server_close()
+        if srv is not None:
+            srv.server_close()
+    app = sys.modules.get("function.app")
+    engine = getattr(getattr(app, "RUNTIME", None), "engine", None)
+    if engine is not None:
+        engine.flush_snapshots(timeout=30.0)     # queued snapshot writes (directory, S3) land first
+    sys.stderr.write(json.dumps({"event": "serve_stopped"}) + "\n")
+    sys.stderr.flush()
+    sys.stdout.flush()
     return 0
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    # Leave without the interpreter's teardown: the model-load and grammar-trie threads (daemons,
+    # possibly inside LLVM or llguidance) and numba's workers made a prompt Ctrl-C end in SIGSEGV;
+    # main() flushed what must not be lost.
+    os._exit(main())

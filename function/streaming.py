@@ -35,7 +35,8 @@ from typing import Protocol
 from engine.conventions import ChatConventions
 from engine.reasoning import split_reasoning
 
-from .tool_calls import parse_output
+from .tool_calls import CallDelta, CallStream, parse_output
+from .tool_calls import finish_reason as reply_finish_reason
 
 SSE_CONTENT_TYPE = "text/event-stream; charset=utf-8"
 KEEPALIVE = b": keep-alive\n\n"
@@ -165,7 +166,7 @@ class ChatStream:
         self.text = ""
         self.sent_reasoning = ""
         self.sent_content = ""
-        self.sent_tool_calls = 0
+        self.calls = CallStream(tools, conventions) if tools else None
         self._opened = False
 
     def _chunk(self, delta: dict, finish: str | None = None, logprobs: dict | None = None) -> dict:
@@ -225,6 +226,16 @@ class ChatStream:
         if safe.startswith(self.sent_content) and len(safe) > len(self.sent_content):
             self.out.send(self._chunk({"content": safe[len(self.sent_content):]}))
             self.sent_content = safe
+        if self.calls is not None:
+            self._send_calls(self.calls.update(content))
+
+    def _send_calls(self, deltas: list[CallDelta]) -> None:
+        for d in deltas:
+            if d.id is not None:
+                tc = {"index": d.index, "id": d.id, "type": "function", "function": {"name": d.name, "arguments": ""}}
+            else:
+                tc = {"index": d.index, "function": {"arguments": d.arguments}}
+            self.out.send(self._chunk({"tool_calls": [tc]}))
 
     def finish(self, finish_reason: str, text: str | None = None, usage: dict | None = None,
                logprobs: dict | None = None) -> str:
@@ -241,13 +252,14 @@ class ChatStream:
         if content.startswith(self.sent_content) and len(content) > len(self.sent_content):
             self.out.send(self._chunk({"content": content[len(self.sent_content):]}))
             self.sent_content = content
-        for i, tc in enumerate(parsed.tool_calls[self.sent_tool_calls:], start=self.sent_tool_calls):
-            fn = tc["function"]
-            self.out.send(self._chunk({"tool_calls": [{"index": i, "id": tc["id"], "type": "function",
-                                                       "function": {"name": fn["name"], "arguments": ""}}]}))
-            self.out.send(self._chunk({"tool_calls": [{"index": i, "function": {"arguments": fn["arguments"]}}]}))
-            self.sent_tool_calls = i + 1
-        finish = "tool_calls" if parsed.tool_calls else finish_reason
+        if self.calls is not None:
+            # the calls closed in the last piece; any the pieces never showed (a buffering
+            # integration handed the whole text at once) come whole
+            self._send_calls(self.calls.update(split_reasoning(full, self.conventions, self.opens_think).content))
+            for i, tc in enumerate(parsed.tool_calls[self.calls.announced:], start=self.calls.announced):
+                fn = tc["function"]
+                self._send_calls([CallDelta(i, "", tc["id"], fn["name"]), CallDelta(i, fn["arguments"])])
+        finish = reply_finish_reason(finish_reason, parsed.tool_calls)
         # the whole reply's logprobs ride on the finishing chunk (decode does not align them
         # with the released text pieces, which hold back partial tags and stop strings)
         self.out.send(self._chunk({}, finish, logprobs))

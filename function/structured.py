@@ -9,6 +9,7 @@ bytes.
 """
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 from . import openai_schema as oa
@@ -18,14 +19,16 @@ if TYPE_CHECKING:
     from engine.conventions import ChatConventions
 
 
-def grammar_for(greq: oa.GenRequest, conventions: ChatConventions) -> GrammarSpec | None:
-    """The grammar this request asks for, or None. GrammarError (a ValueError naming the field)
-    for a constraint that cannot be built."""
+def grammar_for(greq: oa.GenRequest, conventions: ChatConventions, marker_tokens: Collection[str]) -> GrammarSpec | None:
+    """The grammar this request asks for, or None. ``marker_tokens``: the vocabulary's marker
+    texts (a tool-call marker that is none of them is enforced as text). GrammarError (a
+    ValueError naming the field) for a constraint that cannot be built."""
     from engine import constraints as C
 
     tc = greq.tool_choice
     if greq.tools and (tc == "required" or isinstance(tc, dict)):
-        return C.tool_call_grammar(greq.tools, conventions, parallel=greq.parallel_tool_calls, field_name="tools")
+        return C.tool_call_grammar(greq.tools, conventions, parallel=greq.parallel_tool_calls, field_name="tools",
+                                   marker_tokens=marker_tokens)
     s = greq.structured
     if s is not None:
         if s.kind in ("json_schema", "json_object"):
@@ -42,7 +45,8 @@ def grammar_for(greq: oa.GenRequest, conventions: ChatConventions) -> GrammarSpe
             return C.choice_grammar(s.value, s.param)
         raise ValueError(f"unknown constraint kind {s.kind!r}")
     if greq.tools and tc in (None, "auto"):
-        return C.tool_call_grammar(greq.tools, conventions, parallel=greq.parallel_tool_calls, trigger=True, field_name="tools")
+        return C.tool_call_grammar(greq.tools, conventions, parallel=greq.parallel_tool_calls, trigger=True,
+                                   field_name="tools", marker_tokens=marker_tokens)
     return None
 
 

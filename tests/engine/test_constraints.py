@@ -16,7 +16,7 @@ from engine import constraints as C
 from engine.conventions import ChatConventions
 from engine.models.qwen35 import CONVENTIONS as QWEN35
 from engine.reasoning import ReasoningWatch
-from engine.synthetic.vocab import build_vocab
+from engine.synthetic.vocab import build_vocab, without_marker_tokens
 from engine.tokenizer import Tokenizer, TokenType
 from function.tool_calls import coerce, parse_output
 from tests.strict_json import integers_stay_integers, strict_loads
@@ -184,6 +184,48 @@ def test_auto_tool_choice_is_free_until_the_model_opens_a_call(tok):
     assert text.startswith("Sure, let me look.\n\n<tool_call>")
     calls = parse_output(text, tools=tools, conventions=QWEN35).tool_calls
     assert len(calls) == 1 and 1 <= json.loads(calls[0]["function"]["arguments"])["n"] <= 5
+
+
+@pytest.fixture(scope="module")
+def text_tok() -> Tokenizer:
+    """The factory vocabulary with no token for <tool_call>, </think> and their kin."""
+    return Tokenizer.from_gguf_metadata(without_marker_tokens(build_vocab(4096)).metadata())
+
+
+WEATHER = [_tool("get", {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 5}},
+                         "required": ["n"]})]
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_forced_calls_are_enforced_as_text_without_marker_tokens(text_tok, parallel):
+    # issue 52: every forced call on such a vocabulary was a 400 ("unknown special token <tool_call>")
+    spec = C.tool_call_grammar(WEATHER, QWEN35, parallel=parallel, marker_tokens=text_tok.marker_texts)
+    for seed in range(4):
+        text, _ = drive(spec, text_tok, seed, max_steps=300)
+        calls = parse_output(text, tools=WEATHER, conventions=QWEN35).tool_calls
+        assert calls and (parallel or len(calls) == 1), text
+        assert all(1 <= json.loads(c["function"]["arguments"])["n"] <= 5 for c in calls)
+
+
+def test_auto_starts_once_the_model_writes_the_call_marker_in_text(text_tok):
+    spec = C.tool_call_grammar(WEATHER, QWEN35, trigger=True, marker_tokens=text_tok.marker_texts)
+    text, c = drive(spec, text_tok, seed=3, prefix=text_tok.encode_text("Let me look. <tool_call>"))
+    parsed = parse_output(text, tools=WEATHER, conventions=QWEN35)
+    assert parsed.content == "Let me look." and len(parsed.tool_calls) >= 1, text
+    assert c.masked_steps > 0
+
+
+def test_a_text_trigger_ends_on_a_token_boundary(text_tok):
+    spec = C.tool_call_grammar(WEATHER, QWEN35, trigger=True, marker_tokens=text_tok.marker_texts)
+    c = C.Constraint(C.compile_grammar(spec, text_tok), text_tok)
+    for t in text_tok.encode_text("ok <tool_"):
+        c.accept(t)
+    zero = np.zeros(text_tok.n_vocab, dtype=np.float32)
+    # the tokens that would finish the marker and run on past it, found by trying each one
+    run_on = {i for i in range(text_tok.n_vocab)
+              if (after := ("ok <tool_" + text_tok.decode([i])).partition("<tool_call>"))[1] and after[2]}
+    assert set(np.flatnonzero(np.isneginf(c.mask(zero)))) == run_on
+    c.close()
 
 
 def test_a_cached_grammar_keeps_each_requests_trigger(tok):

@@ -163,6 +163,21 @@ def test_slow_snapshot_restore_then_deadline(rt, capsys, monkeypatch):
     assert_stages_sum(line)
 
 
+def test_a_chat_prompts_tokenizer_time_is_tokenize_ms(rt, capsys, monkeypatch):
+    # issue 52: chat tokenize_ms read ~0 while the tokenizer's time sat inside template_ms
+    tok = rt.engine.tokenizer
+    real = tok.encode_text
+
+    def slow(text):
+        time.sleep(0.2)
+        return real(text)
+
+    monkeypatch.setattr(tok, "encode_text", slow)
+    _, line = call(rt, with_body("chat_http_api.json", max_tokens=1), capsys)
+    assert line["tokenize_ms"] >= 200 > line["template_ms"], line
+    assert_stages_sum(line)
+
+
 def test_prompt_that_cannot_fit_is_refused_before_any_prefill(rt, capsys, monkeypatch):
     # measure the rate for real: one prefill of a long prompt
     _, first = call(rt, with_body("chat_http_api.json", max_tokens=1, messages=long_messages(120)), capsys)

@@ -136,12 +136,24 @@ def test_rest_v1_and_http_api_give_the_same_greedy_answer(rt, capsys):
 
 
 def test_warm_session_reuse_is_reported(rt, capsys):
-    first = with_body("chat_http_api.json", messages=[{"role": "user", "content": "Tell me about warm caches."}])
+    no_end = {str(t): -100 for t in rt.engine.tokenizer.eog_ids}
+    first = with_body("chat_http_api.json", messages=[{"role": "user", "content": "Tell me about warm caches."}],
+                      max_tokens=4, logit_bias=no_end)
     _, l1 = call(rt, first, capsys)
-    _, l2 = call(rt, first, capsys)
-    # identical prompt: nothing to prefill (the engine answers from its held state or a memory checkpoint)
-    assert l2["cold"] is False and l2["prefill_mode"] in ("cached", "snapshot_memory")
-    assert l2["reused_tokens"] > 0 and l2["prefilled_tokens"] < l1["prefilled_tokens"]
+    r2, l2 = call(rt, first, capsys)
+    # the same prompt after a reply: the session moved on by the reply's tokens, so the prompt's
+    # end-of-prompt checkpoint (state and next-token logits) comes back from memory, nothing is
+    # prefilled, and the usage says every prompt token was cached (README, docs/snapshots.md)
+    assert l1["tokens_out"] == 4 and l2["cold"] is False
+    assert (l2["prefill_mode"], l2["prefilled_tokens"], l2["reused_tokens"]) == ("snapshot_memory", 0, l2["prompt_tokens"])
+    assert body_of(r2)["usage"]["prompt_tokens_details"]["cached_tokens"] == l2["prompt_tokens"]
+    # a request that generated no token after its prompt leaves the session holding exactly it
+    one = with_body("chat_http_api.json", messages=[{"role": "user", "content": "Tell me about warm caches."}],
+                    max_tokens=1)
+    call(rt, one, capsys)
+    r4, l4 = call(rt, one, capsys)
+    assert (l4["prefill_mode"], l4["prefilled_tokens"]) == ("cached", 0)
+    assert body_of(r4)["usage"]["prompt_tokens_details"]["cached_tokens"] == l4["prompt_tokens"]
     b = body_of(rt.handle(first, Ctx()))
     follow = with_body("chat_http_api.json", messages=[
         {"role": "user", "content": "Tell me about warm caches."},
@@ -151,7 +163,7 @@ def test_warm_session_reuse_is_reported(rt, capsys):
     _, l3 = call(rt, follow, capsys)
     assert l3["prefill_mode"] in ("extend", "snapshot_memory", "batched")
     assert l3["prefilled_tokens"] + l3["reused_tokens"] == l3["prompt_tokens"]
-    assert body_of(rt.handle(first, Ctx()))["usage"]["prompt_tokens_details"]["cached_tokens"] >= 0
+    assert body_of(call(rt, follow, capsys)[0])["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
 
 
 def test_stream_matches_the_non_stream_answer(rt, capsys):
@@ -231,7 +243,7 @@ def test_model_output_with_xml_tool_call_becomes_tool_calls(rt, capsys, monkeypa
 
     def planted(prompt, **kw):
         r = real(prompt, **kw)
-        r.text = xml
+        r.text, r.finish_reason = xml, "stop"    # the whole reply, ended by the model
         return r
 
     monkeypatch.setattr(rt.engine, "generate", planted)

@@ -3,42 +3,22 @@ error, through real HTTP on 127.0.0.1 into HTTP API v2 events and the handler.""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import openai
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.function.warm import start_serve, stop_serve, warm_runtime
 
 
 @pytest.fixture(scope="module")
 def server(tiny_model_path):
-    env = {**os.environ, "MODEL_PATH": str(tiny_model_path), "INIT_BUDGET_S": "120",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
-    proc = subprocess.Popen([sys.executable, "-m", "function.serve", "--port", "0"], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    url = None
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline:
-        line = proc.stderr.readline()
-        if not line:
-            break
-        if line.startswith("{") and '"event": "serve"' in line:
-            url = json.loads(line)["url"]
-            break
+    proc, url = start_serve(tiny_model_path)
     if url is None:
         proc.kill()
-        pytest.fail("serve did not start: " + (proc.stderr.read() or ""))
+        pytest.fail("serve did not start: " + (proc.stderr.read() if proc.stderr else ""))
     yield url
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    stop_serve(proc)
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +116,6 @@ def test_stream_arrives_while_the_engine_decodes(tiny_model_path, monkeypatch):
     import threading
 
     from function.serve import make_server
-    from tests.function.warm import warm_runtime
 
     rt = warm_runtime(tiny_model_path, STREAM_KEEPALIVE_S="0")
     monkeypatch.setattr(rt.engine.tokenizer, "eog_ids", frozenset())
@@ -172,3 +151,19 @@ def test_stream_arrives_while_the_engine_decodes(tiny_model_path, monkeypatch):
     assert len(decode) == 47 and len(arrivals) >= 10
     assert arrivals[0] < decode[-1], "the first chunk must arrive before the last token is decoded"
     assert sum(a < decode[-1] for a in arrivals) >= len(arrivals) // 2
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_ctrl_c_or_sigterm_ends_the_server_with_status_0(tiny_model_path, sig):
+    # issue 52: stopping `make serve` ended in "Error 143" (SIGTERM's default: killed)
+    import signal
+
+    proc, url = start_serve(tiny_model_path)
+    try:
+        assert url is not None
+        proc.send_signal(getattr(signal, sig))
+        assert proc.wait(timeout=60) == 0
+        assert proc.stderr is not None and "serve_stopped" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -107,6 +107,54 @@ def test_text_streams_before_the_end():
     assert len(content_at) > 10
 
 
+TWO_TOOLS = TOOLS + [{"type": "function", "function": {"name": "search", "parameters": {
+    "type": "object", "properties": {"q": {"type": "string"}, "opts": {"type": "object"}}}}}]
+SEARCH = ('<tool_call>\n<function=search>\n<parameter=q>\nwarm "lambdas"\n</parameter>\n<parameter=opts>\n'
+          '{"top": 2}\n</parameter>\n</function>\n</tool_call>')
+HERMES_SEARCH = '<tool_call>\n{"name": "search", "arguments": {"q": "warm", "opts": {"top": 2}}}\n</tool_call>'
+
+
+def _tool_deltas(rec):
+    return [(c["choices"][0]["delta"]["tool_calls"][0], w) for c, w in zip(rec.chunks, rec.when)
+            if isinstance(c, dict) and c["choices"] and "tool_calls" in c["choices"][0]["delta"]]
+
+
+@pytest.mark.parametrize("text,conv", [
+    ("<think>\nTwo lookups.\n</think>\n\n" + CALL + "\n" + SEARCH, QWEN35),
+    ("Checking.\n" + HERMES_CALL + "\n" + HERMES_SEARCH, HERMES),
+])
+def test_tool_calls_stream_as_openai_deltas_while_they_decode(text, conv):
+    # issue 52: tool calls were sent whole at the end; OpenAI streams delta.tool_calls[i]: id, type
+    # and name first, then pieces of function.arguments, each call under its own index and id
+    rec, finish = run_chat(text, tools=TWO_TOOLS, opens_think=False, conventions=conv)
+    parsed = parse_output(text, tools=TWO_TOOLS, conventions=conv)
+    assert finish == "tool_calls" and len(parsed.tool_calls) == 2
+    deltas = _tool_deltas(rec)
+    for i, want in enumerate(parsed.tool_calls):
+        mine = [d for d, _ in deltas if d["index"] == i]
+        assert mine[0]["id"].startswith("call_") and mine[0]["type"] == "function"
+        assert mine[0]["function"] == {"name": want["function"]["name"], "arguments": ""}
+        assert all(set(d) == {"index", "function"} and set(d["function"]) == {"arguments"} for d in mine[1:])
+        # the pieces add up to exactly the buffered answer's arguments
+        assert "".join(d["function"]["arguments"] for d in mine) == want["function"]["arguments"]
+    assert len({d["id"] for d, _ in deltas if "id" in d}) == 2
+    # the first call is out, whole, before the second one is written
+    first_close = text.index("</tool_call>") + len("</tool_call>")
+    assert all(w <= first_close for d, w in deltas if d["index"] == 0)
+    if conv is QWEN35:                                   # XML: a piece per parameter as it closes
+        assert len([d for d, _ in deltas if d["index"] == 0]) == 4
+        assert next(w for d, w in deltas if d["index"] == 0) < text.index("Paris")   # the name comes first
+
+
+def test_calls_cut_by_the_token_limit_finish_length():
+    # parallel calls that run on to max_tokens: the first parsed, the second cut. The reply was cut,
+    # so `length`, as the buffered answer says too (tool_calls.finish_reason)
+    rec, finish = run_chat(CALL + "\n" + CALL[:60], tools=TOOLS, finish="length")
+    assert finish == "length"
+    rec, finish = run_chat(CALL, tools=TOOLS, finish="stop")
+    assert finish == "tool_calls"
+
+
 def test_usage_chunk_and_nulls():
     rec, _ = run_chat("hi", include_usage=True)
     assert all(c["usage"] is None for c in rec.chunks[:-2])

@@ -1,7 +1,10 @@
 """One warm Runtime per test module, as a Lambda execution environment after its init."""
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -26,3 +29,32 @@ class Ctx:
 
     def get_remaining_time_in_millis(self) -> int:
         return int((self._end - time.monotonic()) * 1000)
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def start_serve(model_path: Path, **env: str) -> tuple[subprocess.Popen, str | None]:
+    """``python -m function.serve --port 0`` (what ``make serve`` runs) on `model_path`: the process
+    and its base URL once it listens (None if it ended first; its stderr says why)."""
+    full = {**os.environ, "MODEL_PATH": str(model_path), "INIT_BUDGET_S": "120",
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep), **env}
+    proc = subprocess.Popen([sys.executable, "-m", "function.serve", "--port", "0"], cwd=ROOT, env=full,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        if line.startswith("{") and '"event": "serve"' in line:
+            return proc, json.loads(line)["url"]
+    return proc, None
+
+
+def stop_serve(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
