@@ -67,6 +67,18 @@ def streamed_tool_calls(chunks: list[dict]) -> list[dict]:
     return [calls[i] for i in sorted(calls)]
 
 
+def tool_answer(resp, stream: bool) -> tuple[str | None, list[dict], str]:
+    """(content, tool calls, finish_reason) of a direct invoke's answer, streamed (the SSE chunks
+    joined as OpenAI's clients join them) or not."""
+    if stream:
+        chunks = sse_chunks(resp["body"] if isinstance(resp, dict) and "body" in resp else resp)
+        content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+        finish = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+        return content, streamed_tool_calls(chunks), finish[-1] if finish else ""
+    choice = resp["choices"][0]
+    return choice["message"]["content"], choice["message"].get("tool_calls") or [], choice["finish_reason"]
+
+
 # ----------------------------------------------------------------------------- property tests
 
 SCHEMA_LEAVES = st.one_of(
@@ -133,7 +145,9 @@ def test_thinking_on_every_reply_that_stops_answers_strictly(tiny_engine, schema
     tools = [t for t in TOOLS if t["function"]["name"] == named]
     prompt = tiny_engine.chat_prompt([{"role": "user", "content": "Think, then answer"}], tools=tools or None)
     assert prompt.opens_reasoning
-    grammar = C.tool_call_grammar(tools, tiny_engine.conventions) if tools else C.json_schema_grammar(schema)
+    # one call (parallel off): a random model's parallel calls may run on past max_tokens
+    grammar = (C.tool_call_grammar(tools, tiny_engine.conventions, parallel=False) if tools
+               else C.json_schema_grammar(schema))
     r = tiny_engine.generate(prompt, max_tokens=240, sampling=SamplingParams(temperature=1.0, seed=seed),
                              grammar=grammar)
     assert r.finish_reason == "stop", r.text
@@ -217,13 +231,7 @@ def test_tool_choice_required_always_returns_tool_calls(rt, stream):
     # one call (parallel off): parallel calls of a random model may run on to max_tokens (`length`)
     b = ask(rt, tools=TOOLS, tool_choice="required", reasoning_effort="none", max_tokens=160, stream=stream,
             parallel_tool_calls=False)
-    if stream:
-        chunks = sse_chunks(b["body"] if isinstance(b, dict) and "body" in b else b)
-        calls = streamed_tool_calls(chunks)
-        finish = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1]
-    else:
-        calls = b["choices"][0]["message"]["tool_calls"]
-        finish = b["choices"][0]["finish_reason"]
+    _, calls, finish = tool_answer(b, stream)
     assert calls and finish == "tool_calls"
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
     for c in calls:

@@ -15,7 +15,7 @@ import random
 import jsonschema
 import pytest
 
-from tests.function.test_constrained_outputs import sse_chunks, streamed_tool_calls
+from tests.function.test_constrained_outputs import tool_answer
 from tests.function.warm import Ctx, warm_runtime
 from tests.strict_json import integers_stay_integers, strict_loads
 
@@ -92,16 +92,6 @@ def _request(i: int, tool_call_id: int) -> tuple[dict, str, object]:
     return body, kind, tools
 
 
-def _answer(resp, stream: bool) -> tuple[str | None, list[dict], str]:
-    if stream:
-        chunks = sse_chunks(resp["body"] if isinstance(resp, dict) and "body" in resp else resp)
-        content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
-        finish = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
-        return content, streamed_tool_calls(chunks), finish[-1] if finish else ""
-    choice = resp["choices"][0]
-    return choice["message"]["content"], choice["message"].get("tool_calls") or [], choice["finish_reason"]
-
-
 def test_no_constrained_request_comes_back_invalid(rt):
     tool_call_id = rt.engine.tokenizer.token_id("<tool_call>")
     bad: list[tuple[int, str]] = []
@@ -111,7 +101,7 @@ def test_no_constrained_request_comes_back_invalid(rt):
         if isinstance(resp, dict) and "error" in resp:
             bad.append((i, f"error {resp['error']}"))
             continue
-        content, calls, finish = _answer(resp, body["stream"])
+        content, calls, finish = tool_answer(resp, body["stream"])
         try:
             if kind == "schema":
                 assert finish == "stop", finish

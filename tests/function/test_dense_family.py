@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 
 from engine.generate import Engine
-from tests.function.test_constrained_outputs import TOOLS, ask, sse_chunks, streamed_tool_calls
+from tests.function.test_constrained_outputs import TOOLS, ask, tool_answer
 from tests.function.warm import warm_runtime
 
 
@@ -54,13 +54,8 @@ def test_history_with_tool_calls_renders_hermes_json(rt):
 def test_forced_tool_calls_come_back_as_tool_calls(rt, stream):
     # one call (parallel off): parallel calls of a random model may run on to max_tokens (`length`)
     b = ask(rt, tools=TOOLS, tool_choice="required", max_tokens=160, stream=stream, parallel_tool_calls=False)
-    if stream:
-        chunks = sse_chunks(b["body"] if isinstance(b, dict) and "body" in b else b)
-        calls = streamed_tool_calls(chunks)
-        finish = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1]
-    else:
-        calls = b["choices"][0]["message"]["tool_calls"]
-        finish = b["choices"][0]["finish_reason"]
+    _, calls, finish = tool_answer(b, stream)
+    if not stream:
         assert b["choices"][0]["message"].get("reasoning_content") is None
     assert calls and finish == "tool_calls"
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}

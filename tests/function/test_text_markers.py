@@ -9,7 +9,7 @@ import json
 import jsonschema
 import pytest
 
-from tests.function.test_constrained_outputs import TOOLS, ask, sse_chunks, streamed_tool_calls
+from tests.function.test_constrained_outputs import TOOLS, ask, tool_answer
 from tests.function.warm import warm_runtime
 
 
@@ -25,13 +25,6 @@ def test_the_vocabulary_has_no_marker_tokens(rt):
     assert rt.engine.chat_prompt([{"role": "user", "content": "hi"}]).opens_reasoning
 
 
-def _calls_of(b, stream):
-    if stream:
-        chunks = sse_chunks(b["body"] if isinstance(b, dict) and "body" in b else b)
-        return streamed_tool_calls(chunks), [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1]
-    return b["choices"][0]["message"].get("tool_calls"), b["choices"][0]["finish_reason"]
-
-
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("choice,thinking", [("required", False), ("named", False), ("named", True)])
 def test_forced_tool_calls_are_enforced_as_text(rt, choice, thinking, stream):
@@ -39,7 +32,7 @@ def test_forced_tool_calls_are_enforced_as_text(rt, choice, thinking, stream):
     b = ask(rt, tools=TOOLS, tool_choice=tool_choice, max_tokens=240, stream=stream, parallel_tool_calls=False,
             **({} if thinking else {"reasoning_effort": "none"}))
     assert not (isinstance(b, dict) and "error" in b), b
-    calls, finish = _calls_of(b, stream)
+    _, calls, finish = tool_answer(b, stream)
     assert calls and finish == "tool_calls", b
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
     for c in calls:
