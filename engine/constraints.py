@@ -42,7 +42,7 @@ import numpy as np
 
 from engine.conventions import ChatConventions
 from engine.json_numbers import finite_schema
-from engine.markers import forbidden_after
+from engine.markers import forbidden_after, marker_crossers
 from engine.reasoning import ReasoningWatch
 from engine.termination import unfinishable_lark, unfinishable_schema
 from engine.tokenizer import BYTE_TO_UNICODE, IncrementalDecoder, Tokenizer, TokenType
@@ -54,6 +54,7 @@ __all__ = [
     "choice_grammar",
     "compile_grammar",
     "grammar_tokenizer",
+    "prepare_markers",
     "json_schema_grammar",
     "lark_grammar",
     "regex_grammar",
@@ -130,6 +131,18 @@ def grammar_tokenizer(tok: Tokenizer) -> Any:
                                         eos_token=sorted(tok.eog_ids))
             _TOKENIZERS[tok] = lt
         return lt
+
+
+def prepare_markers(tok: Tokenizer, conventions: ChatConventions) -> None:
+    """Build, ahead of the first constrained request, the marker tables the mask reads while a
+    reply reasons or waits for a call marker written as text (engine/markers.py; ~50 ms each for
+    Qwen3.5's vocabulary, which the first such request would otherwise pay)."""
+    if conventions.think_close is not None:
+        marker_crossers(tok, conventions.think_close, blank_ok=True)
+    trig = conventions.tool_call_open
+    tid = tok.token_id(trig)
+    if tid is None or not tok.is_marker(tid):
+        marker_crossers(tok, trig, blank_ok=False)
 
 
 # ----------------------------------------------------------------------------- grammars

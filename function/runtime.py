@@ -54,8 +54,9 @@ ROUTES = {
 def _build_grammar_trie(eng: Engine) -> None:
     t0 = time.perf_counter()
     try:
-        from engine.constraints import grammar_tokenizer
+        from engine.constraints import grammar_tokenizer, prepare_markers
         grammar_tokenizer(eng.tokenizer)
+        prepare_markers(eng.tokenizer, eng.conventions)
         emit({"event": "grammar_trie", "ms": round((time.perf_counter() - t0) * 1000.0, 1)})
     except Exception as exc:   # constrained requests will retry (and report) on their own
         emit({"event": "grammar_trie", "error": f"{type(exc).__name__}: {exc}"})

@@ -218,11 +218,14 @@ class CallStream:
         self.conventions = conventions
         self.blocks: list[_Block] = []
         self.announced = 0
+        self._pos = 0   # where the text after the last closed block starts: the scan resumes there
+        self._k = 0     # ... and that block's successor's index in self.blocks
 
     def update(self, content: str) -> list[CallDelta]:
+        """The deltas ``content`` (the reply's content so far, a longer text each call) adds."""
         open_, close = self.conventions.tool_call_open, self.conventions.tool_call_close
         out: list[CallDelta] = []
-        pos, k = 0, 0
+        pos, k = self._pos, self._k
         while True:
             start = content.find(open_, pos)
             if start < 0:
@@ -247,6 +250,7 @@ class CallStream:
             if end < 0:
                 break
             pos, k = end + len(close), k + 1
+            self._pos, self._k = pos, k
         return out
 
     def _name(self, inner: str) -> str | None:

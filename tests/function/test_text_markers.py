@@ -5,9 +5,12 @@ thinking-on schemas are enforced as text, never a 400 for an unknown special tok
 from __future__ import annotations
 
 import json
+import threading
 
 import jsonschema
 import pytest
+
+from engine import markers
 
 from tests.function.test_constrained_outputs import TOOLS, ask, tool_answer
 from tests.function.warm import warm_runtime
@@ -16,6 +19,17 @@ from tests.function.warm import warm_runtime
 @pytest.fixture(scope="module")
 def rt(model_factory):
     return warm_runtime(model_factory("tiny", "F32", 0, vocab="text-markers"))
+
+
+def test_the_marker_tables_are_built_before_the_first_request(model_factory):
+    # a fresh runtime, no request yet: its background trie build also built the tables the mask
+    # reads for text markers (~50 ms each on Qwen3.5's vocabulary, else paid by a first request)
+    fresh = warm_runtime(model_factory("tiny", "F32", 0, vocab="text-markers"))
+    for t in threading.enumerate():
+        if t.name == "warmllm-grammar-trie":
+            t.join(120)
+    tables = markers._TABLES.get(fresh.engine.tokenizer, {})
+    assert ("</think>", True) in tables and ("<tool_call>", False) in tables, sorted(tables)
 
 
 def test_the_vocabulary_has_no_marker_tokens(rt):
