@@ -7,8 +7,10 @@ llguidance's token trie for the vocabulary.
 Use a model built with the real vocabulary (``make-model --vocab qwen35``): the factory
 vocabulary is 2k learned tokens and ~246k fillers, which would make the mask look free. Both runs
 ban end-of-generation (logit_bias -100) so each decodes exactly ``--tokens`` tokens; the schema is
-an array of many strings, so the grammar never completes first. Rounds alternate unconstrained /
-constrained; the best round of each is reported (the machine may be shared). Prints one JSON line.
+an array of many strings, so the grammar never completes first. With a family that reasons, a third
+kind asks the same with thinking on (the reply reasons under the reasoning mask, at most half the
+tokens, then answers under the schema's). Rounds alternate the kinds; the best round of each is
+reported (the machine may be shared). Prints one JSON line.
 """
 from __future__ import annotations
 
@@ -87,16 +89,26 @@ def main(argv: list[str] | None = None) -> int:
     schema_compile_ms = (time.perf_counter() - t0) * 1e3
 
     no_eog = SamplingParams(temperature=0.0, logit_bias={int(i): -100.0 for i in tok.eog_ids})
-    prompt = eng.chat_prompt([{"role": "user", "content": "List some fruits as JSON."}], enable_thinking=False)
+    ask = [{"role": "user", "content": "List some fruits as JSON."}]
+    prompts = {False: eng.chat_prompt(ask, enable_thinking=False)}
+    # thinking on: the reply reasons (end-of-generation and the marker crossers masked, half the
+    # tokens at most: engine/reasoning.py), then the schema's mask runs
+    thinking = eng.conventions.reasons and eng.chat_prompt(ask).opens_reasoning
+    if thinking:
+        prompts[True] = eng.chat_prompt(ask)
+    kinds = [("free", None, False), ("json_schema", schema_spec, False)]
+    kinds += [("json_schema_thinking", schema_spec, True)] if thinking else []
     rounds: list[dict] = []
     for _ in range(a.rounds):
-        for kind, grammar in (("free", None), ("json_schema", schema_spec)):
+        for kind, grammar, think in kinds:
+            prompt = prompts[think]
             eng.session.reset()
             r = eng.generate(prompt, max_tokens=a.tokens, sampling=no_eog, grammar=grammar)
             rounds.append({"kind": kind, "tokens": r.completion_tokens, "decode_ms": round(r.decode_ms, 2),
                            "tok_s": round(r.completion_tokens / r.decode_ms * 1e3, 3),
-                           "mask_ms": round(r.grammar_timings.get("mask_ms", 0.0), 2)})
-    best = {k: max((x for x in rounds if x["kind"] == k), key=lambda x: x["tok_s"]) for k in ("free", "json_schema")}
+                           "mask_ms": round(r.grammar_timings.get("mask_ms", 0.0), 2),
+                           "masked_steps": int(r.grammar_timings.get("masked_steps", 0))})
+    best = {k: max((x for x in rounds if x["kind"] == k), key=lambda x: x["tok_s"]) for k, _, _ in kinds}
     out = {"model": a.model, "n_vocab": tok.n_vocab, "threads": eng.threads, "tokens": a.tokens,
            "trie_build_ms": round(trie_ms, 1), "tools": len(TOOLS), "tools_compile_ms": round(tools_compile_ms, 2),
            "tools_compile_cached_ms": round(tools_cached_ms, 3), "schema_compile_ms": round(schema_compile_ms, 2),
@@ -104,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
            "ratio": round(best["json_schema"]["tok_s"] / best["free"]["tok_s"], 3),
            "mask_ms_per_token": round(best["json_schema"]["mask_ms"] / max(1, best["json_schema"]["tokens"]), 3),
            "rounds": rounds}
+    if thinking:
+        out["json_schema_thinking_tok_s"] = best["json_schema_thinking"]["tok_s"]
+        out["thinking_ratio"] = round(best["json_schema_thinking"]["tok_s"] / best["free"]["tok_s"], 3)
     print(json.dumps(out))
     return 0
 
