@@ -1,4 +1,5 @@
-"""The elementwise kernels (engine/jit.py `kernel`) in their assembly: packed 256-bit arithmetic.
+"""The elementwise kernels (engine/jit.py `kernel`) in their assembly: packed 256-bit arithmetic
+(512-bit on an AVX-512 host).
 
 Decode runs them on one token's activations ~100 times a step, and a scalar loop cost 5x: with
 numba's default error model every float division carries a zero test that keeps LLVM from
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.skipif(
     platform.machine() not in ("x86_64", "AMD64") or "+avx2" not in llvm.get_host_cpu_features().flatten(),
     reason="packed AVX2 instructions: an x86_64 host with AVX2")
 
-PACKED_FMA = re.compile(r"\tvfn?madd\d+ps\t.*%ymm")
+PACKED_FMA = re.compile(r"\tvfn?madd\d+ps\t.*%[yz]mm")  # 256-bit, or 512 on an AVX-512 host
 
 
 def _compiled():
