@@ -14,7 +14,7 @@ SAM_VENV  := .venv-sam
 SAM       := $(SAM_VENV)/bin/sam
 SAM_STAMP := $(SAM_VENV)/.installed
 
-.PHONY: lint test-arm64 test-arm64-ci test-avx2 install run generate test test-oracle oracle-fixtures bench bench-arm64 serve layer model real-model clean \
+.PHONY: lint test-arm64 test-arm64-ci test-avx2 install run generate test test-oracle oracle-fixtures bench bench-coldstart bench-arm64 serve layer model real-model clean \
         deploy-zip deploy-image image-model sam build-WarmLlmFunction build-DepsLayer
 
 $(STAMP): pyproject.toml
@@ -102,6 +102,15 @@ bench: $(STAMP)
 	$(PY) -m bench.build_llama native avx2
 	$(PY) -m bench.peers build
 	$(PY) -m bench.run $(BENCH_ARGS)
+
+# The cold start (issue 53): a fresh process per run, the handler module imported as Lambda's init
+# does, then the first ~421-token request and one like it once warm; page cache and kernel cache
+# cold and warm; llama.cpp's load and first token on the same file beside it (its Python binding
+# built as for `make bench`, ~15 min the first time). BENCH_COLDSTART_ARGS: e.g. --models 0.8b-qwen35
+# --runs 3. Receipt: bench/results/coldstart-*.json.
+bench-coldstart: $(STAMP)
+	$(PY) -m bench.build_llama native
+	$(PY) -m bench.coldstart $(BENCH_COLDSTART_ARGS)
 
 # Estimated Graviton cycles, ours and llama.cpp's aarch64 build, from instruction counts under a
 # qemu plugin (docs/arm64.md, "The emulated cost model"). Root for apt; ~1 h on 2 cores.
