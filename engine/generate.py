@@ -10,9 +10,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 
 from engine import threads as threads_mod
+from engine import warmup
 from engine.chat_template import (ChatPrompt, ChatTemplate, TemplateError, boundary_offsets,
                                    normalise_messages, opens_reasoning)
 from engine.constraints import Constraint, GrammarSpec, compile_grammar
@@ -28,6 +28,7 @@ from engine.sampling import Sampler, SamplingParams
 from engine.session import PrefillResult, Session
 from engine.settings import Settings
 from engine.snapshots import SnapshotStore, state_layout
+from engine.stages import StageClock
 from engine.tokenizer import Tokenizer
 
 
@@ -112,6 +113,7 @@ class Engine:
         self.n_ctx = n_ctx
         self.load_ms = load_ms
         self.compile_ms = 0.0
+        self.load_stages: dict[str, float] = {}   # Engine.load's stages (engine/stages.py), ms
         self.model_id = Path(path).stem
         self.fingerprint = model.file.fingerprint()
         self.settings = settings if settings is not None else Settings()
@@ -147,9 +149,12 @@ class Engine:
         `Settings.from_env(os.environ)`; `threads` and `n_ctx`, when given, win over them.
         `log` receives the engine's events (snapshot writes and ignored snapshots)."""
         settings = settings if settings is not None else Settings()
-        t0 = time.perf_counter()
+        clock = StageClock()
+        t0 = clock.start
         tc = threads_mod.configure(threads if threads is not None else settings.threads)
+        clock.mark("threads")
         f = GGUFFile(path)
+        clock.mark("open")
         try:
             model = load_model(f)
         except ModelLoadError:
@@ -159,10 +164,12 @@ class Engine:
             # fault, permanent (a retry would read the same bytes)
             raise ModelLoadError(f"{path}: the model's metadata is malformed ({type(exc).__name__}: {exc}); "
                                  "re-download or rebuild the model") from None
+        clock.mark("weights")
         try:
             tokenizer = Tokenizer.from_gguf_metadata(f.metadata)
         except ValueError as exc:
             raise ModelLoadError(f"{path}: tokenizer: {exc}") from exc
+        clock.mark("tokenizer")
         source = f.get("tokenizer.chat_template")
         template, template_error = None, None
         if source:
@@ -171,21 +178,25 @@ class Engine:
                                         time_limit_s=settings.template_time_s)
             except TemplateError as exc:       # chat is refused; /v1/completions still works
                 template_error = str(exc)
+        clock.mark("template")
         limit = n_ctx or settings.n_ctx
-        eng = cls(path, model, tokenizer, template, tc, min(limit, model.config.n_ctx_train), (time.perf_counter() - t0) * 1e3,
+        eng = cls(path, model, tokenizer, template, tc, min(limit, model.config.n_ctx_train), 0.0,
                   snapshot_store=snapshot_store, settings=settings, log=log)
+        clock.mark("engine")       # the model's fingerprint, the snapshot store, the session
+        eng.load_ms = (time.perf_counter() - t0) * 1e3
         eng.chat_template_error = template_error
         if warm_up:
             eng.warm_up()
+            clock.mark_parts({"kernels": eng.load_stages["kernels"], "warmup": eng.load_stages["warmup"]})
+        eng.load_stages = clock.stages
         return eng
 
     def warm_up(self) -> None:
-        """Compile (or load from NUMBA_CACHE_DIR) every kernel the forward uses, timed apart from load."""
-        t0 = time.perf_counter()
-        state = self.model.new_state()
-        self.model.forward(np.array([0, 0], dtype=np.int64), state, logits="last")
-        self.model.forward(np.array([0], dtype=np.int64), state, logits="last")
-        self.compile_ms = (time.perf_counter() - t0) * 1e3
+        """Compile (or load from NUMBA_CACHE_DIR) and run once every kernel a request can run,
+        timed apart from load (engine/warmup.py)."""
+        w = warmup.warm_up(self.model, self.tokenizer)
+        self.load_stages = {**self.load_stages, "kernels": w.kernels_ms, "warmup": w.warmup_ms}
+        self.compile_ms = w.kernels_ms + w.warmup_ms
 
     def _template(self) -> ChatTemplate:
         if self.chat_template is None:

@@ -44,9 +44,29 @@ class Kernel:
         self.serial = serial_twin(self.parallel)
         self.__name__ = fn.__name__
         self.__doc__ = fn.__doc__
+        _KERNELS.append(self)
 
     def __call__(self, size: int, *args: Any) -> Any:
         return (self.serial if size < SERIAL_BELOW else self.parallel)(*args)
+
+
+# Every Kernel, appended once when its module defines it (at import): what warm_twins walks.
+_KERNELS: list[Kernel] = []
+
+
+def warm_twins() -> int:
+    """For every kernel that has run in one launch mode, load (or compile) the other for the same
+    argument types, without running it: which twin a request takes depends on its size (a long
+    prompt's sigmoid over 16 gates per token goes parallel only past 4,096 tokens), and a twin
+    first met in a request would load there. Returns how many were loaded."""
+    n = 0
+    for k in _KERNELS:
+        for ran, other in ((k.serial, k.parallel), (k.parallel, k.serial)):
+            for sig in list(ran.signatures):
+                if sig not in other.signatures:
+                    other.compile(sig)
+                    n += 1
+    return n
 
 
 # numba's default error model raises ZeroDivisionError, so every float division in a loop carries

@@ -7,9 +7,19 @@ translates events to engine calls; see ``function/runtime.py``.
 """
 from __future__ import annotations
 
-from . import numba_cache
+import time
+
+T0 = time.perf_counter()   # the init line's stages start here and sum to the time until ready
+
+from . import numba_cache  # noqa: E402
 
 NUMBA_CACHE = numba_cache.prepare()
+PREPARED = time.perf_counter()
+
+from engine.stages import StageClock  # noqa: E402  (engine reads NUMBA_CACHE_DIR when imported)
+
+CLOCK = StageClock(start=T0)
+CLOCK.mark("numba_cache", at=PREPARED)
 
 import os  # noqa: E402
 
@@ -17,6 +27,8 @@ from .runtime import Runtime  # noqa: E402  (numba's cache directory must be set
 
 RUNTIME = Runtime.from_env(os.environ)  # the one place the function's settings are read
 RUNTIME.init_extra = NUMBA_CACHE
+RUNTIME.init_clock = CLOCK
+CLOCK.mark("handler")   # the function's own modules and settings
 RUNTIME.start_init()
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from engine.jsonlog import emit
+from engine.stages import StageClock
 
 from . import admission
 from . import deadline as deadline_mod
@@ -129,6 +130,7 @@ class Runtime:
         self._init_reported = False
         self._init_fields: dict = {}
         self.init_extra: dict = {}          # e.g. the numba cache preparation, for the init line
+        self.init_clock: StageClock | None = None   # the handler module's clock (app.py), for the first load
         self._gen_lock = threading.Lock()
         self._state_lock = threading.Lock()
         self.requests_served = 0
@@ -145,16 +147,22 @@ class Runtime:
     # ------------------------------------------------------------------ model loading
 
     def _load(self) -> None:
-        t0 = time.perf_counter()
+        # the first load continues the handler module's clock (function/app.py): the init line's
+        # stages then sum to the time from the module's first line to ready
+        clock, self.init_clock = (self.init_clock or StageClock()), None
         fields: dict = {"ok": False}
         try:
-            from . import model_source
-            res = model_source.resolve(self.settings, s3_client=self.s3_client)
-            fields.update(model_source=res.source, model_uri=res.uri, model_bytes=res.bytes,
-                          downloaded=res.downloaded, download_ms=res.download_ms)
             from engine.generate import Engine
             from engine.quant import paths
+
+            from . import model_source
+            clock.mark("import")
+            res = model_source.resolve(self.settings, s3_client=self.s3_client)
+            clock.mark("download")      # resolving the model: the S3 download when there is one
+            fields.update(model_source=res.source, model_uri=res.uri, model_bytes=res.bytes,
+                          downloaded=res.downloaded)
             eng = Engine.load(res.path, settings=self.settings.engine)
+            clock.mark_parts(eng.load_stages)
             fields.update(ok=True, model_id=eng.model_id, n_ctx=eng.n_ctx, threads=eng.threads,
                           backend=eng.backend, load_ms=float(eng.load_ms), compile_ms=float(eng.compile_ms),
                           cpu=paths.summary(), kernels=eng.kernel_paths)
@@ -178,7 +186,9 @@ class Runtime:
             fields.update(error=why, permanent=permanent)
             emit({"event": "model_load_error", "error": why, "permanent": permanent,
                   "traceback": traceback.format_exc(limit=8)})
-        fields["init_ms"] = (time.perf_counter() - t0) * 1000.0
+        clock.mark("other")
+        # every stage as <stage>_ms; init_ms is their sum, the wall time from the clock's start
+        fields.update({f"{k}_ms": v for k, v in clock.stages.items()}, init_ms=clock.total_ms)
         self._init_fields = fields
 
     def start_init(self, budget_s: float | None = None) -> None:
