@@ -1,10 +1,11 @@
 """Byte-level BPE tokenizer for Qwen3.5 GGUF files, with llama.cpp's semantics.
 
 The vocabulary, merges and token types come from the GGUF metadata (``tokenizer.ggml.*``).
-Encoding is done by HuggingFace ``tokenizers`` (a Rust BPE): a pure-Python BPE is two orders
-of magnitude too slow for a 248k-entry vocabulary on a Lambda, and writing our own native
-one would be a project of its own. What we take from llama.cpp (``src/llama-vocab.cpp``,
-``src/unicode.cpp``) and reproduce here is the *semantics*:
+HuggingFace ``tokenizers`` pre-tokenizes (the split regex and the byte-level map, in Rust; they
+need no vocabulary); the merges run over integer tables in numba (engine/bpe.py, HuggingFace's
+algorithm), which build from the metadata in a fraction of the time ``tokenizers``' BPE model
+takes (0.5-0.9 s for Qwen3.5's 248k tokens, on every cold start: issue 53). What we take from
+llama.cpp (``src/llama-vocab.cpp``, ``src/unicode.cpp``) and reproduce here is the *semantics*:
 
 - pre-tokenizer: the ``qwen35`` split regex (LLAMA_VOCAB_PRE_TYPE_QWEN35), then GPT-2's
   byte-to-unicode mapping; BPE merges applied by rank.
@@ -17,21 +18,22 @@ one would be a project of its own. What we take from llama.cpp (``src/llama-voca
 - end of generation: the eos token plus every token llama.cpp marks as EOG by its text.
 
 One difference is known and accepted: llama.cpp partitions special tokens longest-first over
-the whole text, ``tokenizers`` matches leftmost-longest. They differ only when two special
-tokens overlap in the text (one's suffix is another's prefix), which Qwen's set never does in
-practice.
+the whole text, we match leftmost-longest (as ``tokenizers`` does). They differ only when two
+special tokens overlap in the text (one's suffix is another's prefix), which Qwen's set never
+does in practice.
 """
 from __future__ import annotations
 
 import operator
-import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tokenizers import AddedToken, Regex
-from tokenizers import Tokenizer as _HFTokenizer
-from tokenizers import models, pre_tokenizers
+import re
 
+import numpy as np
+from tokenizers import Regex, pre_tokenizers
+
+from engine.bpe import MergeTable, merge_words
 from engine.history import Piece
 
 __all__ = [
@@ -113,6 +115,14 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 BYTE_TO_UNICODE: dict[int, str] = _bytes_to_unicode()
 UNICODE_TO_BYTE: dict[str, int] = {c: b for b, c in BYTE_TO_UNICODE.items()}
+_CHAR_SPAN = 1 + max(ord(c) for c in BYTE_TO_UNICODE.values())   # the map's characters are below it
+
+
+def _alternation(texts: list[str]) -> re.Pattern[str] | None:
+    """A pattern matching any of ``texts``, the longest first where several start at one place."""
+    if not texts:
+        return None
+    return re.compile("|".join(re.escape(t) for t in sorted(set(texts), key=len, reverse=True)))
 
 
 def _byte_level_decode(text: str) -> bytes:
@@ -171,45 +181,35 @@ class Tokenizer:
         self.pad_id = None if pad_id is None else int(pad_id)
         self.add_bos = bool(add_bos) and self.bos_id is not None
         self._piece_cache: dict[int, bytes] = {}
-        self._lock = threading.Lock()
         self._marker_texts: tuple[str, ...] | None = None
 
-        # The BPE vocabulary holds every token with its id (the last occurrence wins on a
-        # duplicate text, as in llama.cpp's token_to_id); added tokens reuse those ids.
-        vocab = dict(zip(self._tokens, range(n)))
-        pairs: list[tuple[str, str]] = []
-        for i, m in enumerate(merges):
-            pair = m.split(" ", 1)
-            if len(pair) != 2:
-                raise ValueError(f"tokenizer.ggml.merges[{i}] = {merges[i]!r} is not 'left right'")
-            pairs.append((pair[0], pair[1]))
-        hf = _HFTokenizer(models.BPE(vocab=vocab, merges=pairs, ignore_merges=False))
+        # Every token with its id (the last occurrence wins on a duplicate text, as in
+        # llama.cpp's token_to_id); marker tokens found in a text take these ids.
+        self._vocab: dict[str, int] = dict(zip(self._tokens, range(n)))
+        self._merges = MergeTable.build(self._vocab, merges if isinstance(merges, list) else list(merges))
+        # the id of each byte-level character (-1: the vocabulary has no such token)
+        self._char_ids = np.full(_CHAR_SPAN, -1, dtype=np.int64)
+        for ch in BYTE_TO_UNICODE.values():
+            tid = self._vocab.get(ch)
+            if tid is not None:
+                self._char_ids[ord(ch)] = tid
         self._split = pre_tokenizers.Split(Regex(PRE_TOKENIZER_PATTERNS[pre]), behavior="isolated")
-        hf.pre_tokenizer = pre_tokenizers.Sequence([
+        self._pre = pre_tokenizers.Sequence([
             self._split,
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ])
-        control, user = [], []
-        for i, t in enumerate(self._types):
-            if t == TokenType.CONTROL or t == TokenType.UNKNOWN:
-                control.append(AddedToken(self._tokens[i], special=True, normalized=False))
-            elif t == TokenType.USER_DEFINED:
-                user.append(AddedToken(self._tokens[i], special=False, normalized=False))
-        # special=True tokens are skipped when encode_special_tokens is set (parse_special=False);
-        # special=False (USER_DEFINED) tokens are always split out, as in llama.cpp.
-        if control:
-            hf.add_special_tokens(control)
-        if user:
-            hf.add_tokens(user)
-        self._hf = hf
-        # the same BPE and pre-tokenizer with no added tokens: text in, text tokens out
-        self._plain = _HFTokenizer(hf.model)
-        self._plain.pre_tokenizer = hf.pre_tokenizer
+        # Markers cut out of a text before BPE, leftmost then longest: CONTROL / UNKNOWN only when
+        # specials are parsed, USER_DEFINED always (llama.cpp's rule)
+        control = [t for t, k in zip(self._tokens, self._types)
+                   if t and k in (TokenType.CONTROL, TokenType.UNKNOWN)]
+        user = [t for t, k in zip(self._tokens, self._types) if t and k == TokenType.USER_DEFINED]
+        self._markers_re = _alternation(control + user)
+        self._user_re = _alternation(user)
 
         # llama.cpp picks EOG tokens by their text whatever their stored type
         eog = {self.eos_id}
         for text in _EOG_TEXTS:
-            tid = hf.token_to_id(text)
+            tid = self._vocab.get(text)
             if tid is not None:
                 eog.add(tid)
         self.eog_ids: frozenset[int] = frozenset(eog)
@@ -248,7 +248,7 @@ class Tokenizer:
 
     def token_id(self, piece: str) -> int | None:
         """Id of a token given its stored text (byte-level form for NORMAL tokens)."""
-        return self._hf.token_to_id(piece)
+        return self._vocab.get(piece)
 
     def piece(self, id: int) -> str:
         """The token's text as stored in the GGUF file."""
@@ -274,14 +274,17 @@ class Tokenizer:
         """
         if not isinstance(text, str):
             raise TypeError(f"encode() takes str, not {type(text).__name__}")
-        with self._lock:
-            self._hf.encode_special_tokens = not parse_special
-            try:
-                ids = self._hf.encode(text, add_special_tokens=False).ids
-            finally:
-                self._hf.encode_special_tokens = False
+        ids: list[int] = []
         if add_special and self.add_bos and self.bos_id is not None:  # add_bos implies a bos_id
-            ids.insert(0, self.bos_id)
+            ids.append(self.bos_id)
+        markers = self._markers_re if parse_special else self._user_re
+        at = 0
+        if markers is not None:
+            for m in markers.finditer(text):
+                ids += self.encode_text(text[at:m.start()])
+                ids.append(self._vocab[m.group()])
+                at = m.end()
+        ids += self.encode_text(text[at:])
         return ids
 
     @property
@@ -303,7 +306,14 @@ class Tokenizer:
         mode, as llama.cpp does). What a chat prompt's fields are encoded with."""
         if not isinstance(text, str):
             raise TypeError(f"encode_text() takes str, not {type(text).__name__}")
-        return self._plain.encode(text, add_special_tokens=False).ids if text else []
+        if not text:
+            return []
+        words = [w for w, _ in self._pre.pre_tokenize_str(text)]
+        # each word's byte-level characters as code points (all below _CHAR_SPAN), one array
+        chars = np.frombuffer("".join(words).encode("utf-32-le"), dtype=np.uint32)
+        ends = np.cumsum(np.fromiter(map(len, words), dtype=np.int64, count=len(words)))
+        t = self._merges
+        return merge_words(self._char_ids[chars], ends, t.keys, t.ranks, t.new_ids).tolist()
 
     def encode_pieces(self, pieces: Sequence[Piece], add_special: bool = True) -> list[int]:
         """Token ids of a rendered chat prompt cut into pieces (engine/history.py): a marker
@@ -313,7 +323,7 @@ class Tokenizer:
             ids.append(self.bos_id)
         for p in pieces:
             if p.marker:
-                tid = self._hf.token_to_id(p.text)
+                tid = self._vocab.get(p.text)
                 if tid is None:
                     raise ValueError(f"{p.text!r} is no token of this vocabulary")
                 ids.append(tid)
