@@ -166,7 +166,7 @@ class Engine:
                                  "re-download or rebuild the model") from None
         clock.mark("weights")
         try:
-            tokenizer = Tokenizer.from_gguf_metadata(f.metadata)
+            tokenizer = Tokenizer.from_gguf_metadata(f.metadata, cache_dir=settings.tokenizer_cache_dir)
         except ValueError as exc:
             raise ModelLoadError(f"{path}: tokenizer: {exc}") from exc
         clock.mark("tokenizer")

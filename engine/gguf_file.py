@@ -14,10 +14,12 @@ import hashlib
 import math
 import os
 import struct
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
+from numba import njit
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from engine.errors import ModelLoadError
@@ -62,13 +64,101 @@ MAX_ALIGNMENT = 1 << 20
 _MIN_SIZE = {_STRING: 8, _ARRAY: 12}
 
 
+# A string array this long (a vocabulary, its merges) is walked in numba and decoded only when
+# read: a tokenizer loaded from its cache (engine/tokenizer_cache.py) never reads it, and decoding
+# Qwen3.5's 248k tokens and 248k merges one by one was ~0.45 s of every open.
+LAZY_STRINGS = 4096
+
+
 class _Malformed(Exception):
     """A header field that breaks the format; `GGUFFile` turns it into a ModelLoadError."""
 
 
+@njit(cache=True, nogil=True)
+def _string_spans(buf: np.ndarray, pos: int, count: int, cap: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """Where each of ``count`` length-prefixed strings from ``pos`` starts and how long it is, and
+    the end of the last; the end is -1 when the file ends first, -2 for a string over ``cap``."""
+    starts = np.empty(count, dtype=np.int64)
+    lens = np.empty(count, dtype=np.int64)
+    n = buf.size
+    for i in range(count):
+        if pos + 8 > n:
+            return starts, lens, -1
+        length = np.uint64(0)
+        for b in range(8):
+            length |= np.uint64(buf[pos + b]) << np.uint64(8 * b)
+        if length > np.uint64(cap):
+            return starts, lens, -2
+        pos += 8
+        size = int(length)
+        if pos + size > n:
+            return starts, lens, -1
+        starts[i] = pos
+        lens[i] = size
+        pos += size
+    return starts, lens, pos
+
+
+class StringArray(Sequence[str]):
+    """A GGUF array of strings left in the file: its items are decoded on first read (all of them
+    at once when iterated), and :meth:`raw` is its bytes as stored (for a cache key)."""
+
+    def __init__(self, buf: np.ndarray, starts: np.ndarray, lens: np.ndarray, span: tuple[int, int]) -> None:
+        self._buf, self._starts, self._lens, self._span = buf, starts, lens, span
+        self._items: list[str] | None = None
+
+    def _decode(self, i: int) -> str:
+        s = int(self._starts[i])
+        return bytes(self._buf[s:s + int(self._lens[i])]).decode("utf-8", errors="replace")
+
+    def items(self) -> list[str]:
+        if self._items is None:
+            mv = memoryview(self._buf)  # type: ignore[arg-type]  # numpy: buffer typed for 3.12+
+            self._items = [bytes(mv[s:s + n]).decode("utf-8", errors="replace")
+                           for s, n in zip(self._starts.tolist(), self._lens.tolist())]
+        return self._items
+
+    def raw(self) -> memoryview:
+        return memoryview(self._buf)[self._span[0]:self._span[1]]  # type: ignore[arg-type]
+
+    def __len__(self) -> int:
+        return len(self._starts)
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[str]: ...
+
+    def __getitem__(self, i: int | slice) -> str | list[str]:
+        if isinstance(i, slice):
+            return self.items()[i]
+        if self._items is not None:
+            return self._items[i]
+        n = len(self._starts)
+        if not -n <= i < n:
+            raise IndexError("string array index out of range")
+        return self._decode(i % n)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.items())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, StringArray):
+            return self.items() == other.items()
+        if isinstance(other, (list, tuple)):
+            return self.items() == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # mutable-like, as a list
+
+    def __repr__(self) -> str:
+        return f"StringArray({len(self)} strings)"
+
+
 class _Cursor:
-    def __init__(self, buf: memoryview) -> None:
+    def __init__(self, buf: memoryview, arr: np.ndarray | None = None) -> None:
         self.buf = buf
+        self.arr = arr      # the same bytes as a uint8 array, for the numba walk of long string arrays
         self.pos = 0
 
     def left(self) -> int:
@@ -108,6 +198,15 @@ class _Cursor:
                 raise _Malformed(f"an array of {count} elements (at most {MAX_ARRAY_LEN}, and "
                                  f"{self.left()} bytes are left in the file)")
             if etype == _STRING:
+                if count >= LAZY_STRINGS and self.arr is not None:
+                    start = self.pos
+                    starts, lens, end = _string_spans(self.arr, self.pos, count, MAX_STRING_BYTES)
+                    if end == -1:
+                        raise struct.error("string runs past the end of the file")
+                    if end == -2:
+                        raise _Malformed(f"a string of more than {MAX_STRING_BYTES} bytes")
+                    self.pos = int(end)
+                    return StringArray(self.arr, starts, lens, (start, self.pos))
                 return [self.string() for _ in range(count)]
             if etype in _SCALARS:
                 dt = np.dtype(_SCALARS[etype][1])
@@ -139,7 +238,7 @@ class GGUFFile:
         self._mm = np.memmap(self.path, dtype=np.uint8, mode="r")
         self._field = "the header"
         try:
-            self._parse(memoryview(self._mm))  # type: ignore[arg-type]  # numpy: buffer typed for 3.12+
+            self._parse(memoryview(self._mm), np.asarray(self._mm))  # type: ignore[arg-type]  # numpy: buffer typed for 3.12+
         except ModelLoadError:
             raise
         except _Malformed as exc:
@@ -152,8 +251,8 @@ class GGUFFile:
                 f"file size {size} bytes — re-download or rebuild the model"
             ) from None
 
-    def _parse(self, buf: memoryview) -> None:
-        c = _Cursor(buf)
+    def _parse(self, buf: memoryview, arr: np.ndarray | None = None) -> None:
+        c = _Cursor(buf, arr)
         c.pos = 4
         self._field = "version"
         self.version = c.scalar("<I")

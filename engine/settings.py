@@ -9,6 +9,7 @@ and pass the check, or the error names the variable, what it got and what it tak
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -120,6 +121,7 @@ class Settings:
     snapshots: SnapshotSettings = SnapshotSettings()
     template_max_chars: int = DEFAULT_TEMPLATE_MAX_CHARS   # TEMPLATE_MAX_CHARS (a chat template's output)
     template_time_s: float = DEFAULT_TEMPLATE_TIME_S       # TEMPLATE_TIME_S (rendering one chat prompt)
+    tokenizer_cache_dir: str | None = None          # TOKENIZER_CACHE_DIR (engine/tokenizer_cache.py)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
@@ -131,4 +133,15 @@ class Settings:
             snapshots=SnapshotSettings.from_env(env),
             template_max_chars=positive_int(env, "TEMPLATE_MAX_CHARS", DEFAULT_TEMPLATE_MAX_CHARS),
             template_time_s=positive(env, "TEMPLATE_TIME_S", DEFAULT_TEMPLATE_TIME_S),
+            tokenizer_cache_dir=tokenizer_cache_dir(env),
         )
+
+
+def tokenizer_cache_dir(env: Mapping[str, str]) -> str | None:
+    """TOKENIZER_CACHE_DIR, or "off" for none; unset: a ``tokenizers`` folder in numba's kernel
+    cache (NUMBA_CACHE_DIR, already versioned by the engine's sources), none without one."""
+    given = env_str(env, "TOKENIZER_CACHE_DIR")
+    if given is not None:
+        return None if given.strip().lower() == "off" else given
+    numba_dir = env_str(env, "NUMBA_CACHE_DIR")
+    return os.path.join(numba_dir, "tokenizers") if numba_dir else None

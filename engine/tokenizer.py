@@ -33,6 +33,7 @@ import re
 import numpy as np
 from tokenizers import Regex, pre_tokenizers
 
+from engine import tokenizer_cache
 from engine.bpe import MergeTable, merge_words
 from engine.history import Piece
 
@@ -151,7 +152,7 @@ class Tokenizer:
         *,
         tokens: Sequence[str],
         token_types: Sequence[int],
-        merges: Sequence[str],
+        merges: Sequence[str] | MergeTable,
         pre: str,
         eos_id: int,
         bos_id: int | None = None,
@@ -173,6 +174,7 @@ class Tokenizer:
             if value is not None and not 0 <= int(value) < n:
                 raise ValueError(f"tokenizer.ggml.{name}_token_id {value} is outside the vocabulary of {n}")
 
+        self.cache_hit = False   # loaded from engine/tokenizer_cache.py (from_gguf_metadata sets it)
         self._tokens = tokens if isinstance(tokens, list) else list(tokens)
         self._types = token_types if isinstance(token_types, list) else list(token_types)
         self.pre = pre
@@ -186,7 +188,7 @@ class Tokenizer:
         # Every token with its id (the last occurrence wins on a duplicate text, as in
         # llama.cpp's token_to_id); marker tokens found in a text take these ids.
         self._vocab: dict[str, int] = dict(zip(self._tokens, range(n)))
-        self._merges = MergeTable.build(self._vocab, merges if isinstance(merges, list) else list(merges))
+        self._merges = merges if isinstance(merges, MergeTable) else MergeTable.build(self._vocab, list(merges))
         # the id of each byte-level character (-1: the vocabulary has no such token)
         self._char_ids = np.full(_CHAR_SPAN, -1, dtype=np.int64)
         for ch in BYTE_TO_UNICODE.values():
@@ -200,9 +202,10 @@ class Tokenizer:
         ])
         # Markers cut out of a text before BPE, leftmost then longest: CONTROL / UNKNOWN only when
         # specials are parsed, USER_DEFINED always (llama.cpp's rule)
-        control = [t for t, k in zip(self._tokens, self._types)
-                   if t and k in (TokenType.CONTROL, TokenType.UNKNOWN)]
-        user = [t for t, k in zip(self._tokens, self._types) if t and k == TokenType.USER_DEFINED]
+        kinds = np.asarray(self._types)     # a few hundred markers among 248k: found in numpy
+        control = [self._tokens[i] for i in np.flatnonzero((kinds == TokenType.CONTROL) | (kinds == TokenType.UNKNOWN))
+                   if self._tokens[i]]
+        user = [self._tokens[i] for i in np.flatnonzero(kinds == TokenType.USER_DEFINED) if self._tokens[i]]
         self._markers_re = _alternation(control + user)
         self._user_re = _alternation(user)
 
@@ -215,8 +218,10 @@ class Tokenizer:
         self.eog_ids: frozenset[int] = frozenset(eog)
 
     @classmethod
-    def from_gguf_metadata(cls, meta: Mapping[str, Any]) -> Tokenizer:
-        """Build from GGUF metadata given as plain Python values (key -> value)."""
+    def from_gguf_metadata(cls, meta: Mapping[str, Any], cache_dir: str | None = None) -> Tokenizer:
+        """Build from GGUF metadata (key -> value, as GGUFFile reads it or plain Python values).
+        ``cache_dir``: load it from there when this vocabulary was built before, else build and
+        store it (engine/tokenizer_cache.py)."""
         model = _require(meta, "tokenizer.ggml.model")
         if model != "gpt2":
             raise ValueError(
@@ -229,16 +234,25 @@ class Tokenizer:
                 "GGUF metadata has no 'tokenizer.ggml.pre'; supported: "
                 + ", ".join(sorted(PRE_TOKENIZER_PATTERNS))
             )
-        return cls(
-            tokens=_require(meta, "tokenizer.ggml.tokens"),
-            token_types=_require(meta, "tokenizer.ggml.token_type"),
-            merges=_require(meta, "tokenizer.ggml.merges"),
-            pre=pre,
-            eos_id=_require(meta, "tokenizer.ggml.eos_token_id"),
-            bos_id=meta.get("tokenizer.ggml.bos_token_id"),
-            pad_id=meta.get("tokenizer.ggml.padding_token_id"),
-            add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
-        )
+        fields = dict(pre=pre, eos_id=_require(meta, "tokenizer.ggml.eos_token_id"),
+                      bos_id=meta.get("tokenizer.ggml.bos_token_id"),
+                      pad_id=meta.get("tokenizer.ggml.padding_token_id"),
+                      add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)))
+        key = tokenizer_cache.cache_key(meta) if cache_dir else None
+        state = tokenizer_cache.load(cache_dir, key) if cache_dir and key else None
+        if state is not None:
+            table = MergeTable(state["keys"], state["ranks"], state["new_ids"])
+            tok = cls(tokens=state["tokens"], token_types=state["types"], merges=table, **fields)
+            tok.cache_hit = True
+            return tok
+        tok = cls(tokens=_require(meta, "tokenizer.ggml.tokens"),
+                  token_types=_require(meta, "tokenizer.ggml.token_type"),
+                  merges=_require(meta, "tokenizer.ggml.merges"), **fields)
+        if cache_dir and key:
+            t = tok._merges
+            tokenizer_cache.store(cache_dir, key, {"tokens": tok._tokens, "types": tok._types,
+                                                   "keys": t.keys, "ranks": t.ranks, "new_ids": t.new_ids})
+        return tok
 
     # -- vocabulary ---------------------------------------------------------------------
 
@@ -294,9 +308,9 @@ class Tokenizer:
         chat template writes and a client's text never becomes (engine/history.py)."""
         texts = self._marker_texts
         if texts is None:
-            kinds = (TokenType.CONTROL, TokenType.UNKNOWN, TokenType.USER_DEFINED)
-            texts = tuple(sorted({self._tokens[i] for i, t in enumerate(self._types)
-                                  if t in kinds and self._tokens[i]}))
+            kinds = np.asarray(self._types)
+            marks = np.flatnonzero(np.isin(kinds, (TokenType.CONTROL, TokenType.UNKNOWN, TokenType.USER_DEFINED)))
+            texts = tuple(sorted({self._tokens[i] for i in marks if self._tokens[i]}))
             self._marker_texts = texts
         return texts
 

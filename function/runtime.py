@@ -165,7 +165,7 @@ class Runtime:
             clock.mark_parts(eng.load_stages)
             fields.update(ok=True, model_id=eng.model_id, n_ctx=eng.n_ctx, threads=eng.threads,
                           backend=eng.backend, load_ms=float(eng.load_ms), compile_ms=float(eng.compile_ms),
-                          cpu=paths.summary(), kernels=eng.kernel_paths)
+                          tokenizer_cached=eng.tokenizer.cache_hit, cpu=paths.summary(), kernels=eng.kernel_paths)
             if eng.chat_template_error:        # chat is a 400 saying so; completions work
                 fields.update(chat_template_error=eng.chat_template_error)
             self.engine = eng
