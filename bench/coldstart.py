@@ -4,10 +4,11 @@ Lambda's init phase does, then the first request and one like it once warm.
     python -m bench.coldstart [--models tiny,0.8b-qwen35,real] [--runs 2] [--no-llama] [--out F]
 
 Per model and per condition -- the model file's pages cold or warm in the page cache, the
-kernel cache (NUMBA_CACHE_DIR) and the tokenizer cache empty or filled -- one child process
-(``--child``) reports, from a clock started before its first import:
+kernel cache (NUMBA_CACHE_DIR, which holds the tokenizer cache too) empty or filled -- one child
+process reports, from a clock started before its first import (the interpreter's own start,
+~20-40 ms, is before it):
 
-- ``ready_ms``: ``import function.app`` done (the module-level init: numba cache, model
+- ``import_to_ready_ms``: ``import function.app`` done (the module-level init: numba cache, model
   resolution, load, tokenizer, kernels, warm-up; the init line's stages beside it);
 - ``first_ms`` / ``warm_ms``: a chat request of ~421 prompt tokens with ``max_tokens: 1`` (its
   first token), the first after init, then another of the same length and other words, so no
@@ -22,19 +23,19 @@ The receipt goes to bench/results/coldstart-*.json.
 """
 from __future__ import annotations
 
+import argparse
+import datetime as dt
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
+from typing import Any
 
-T0 = time.perf_counter()   # the child's clock starts before any other import
-
-import argparse  # noqa: E402
-import datetime as dt  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
-import shutil  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import tempfile  # noqa: E402
-from pathlib import Path  # noqa: E402
+from bench import cpu_name
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT_TOKENS = 421
@@ -63,12 +64,22 @@ class _Ctx:
         return 600_000
 
 
-def child(words: int) -> dict:
-    """In this fresh process: import the handler module (init), then the two requests."""
-    t = time.perf_counter()
-    import function.app as app
-    ready = time.perf_counter()
-    out: dict = {"import_to_ready_ms": round((ready - t) * 1e3, 1), "ready_ms": round((ready - T0) * 1e3, 1)}
+# The child: a clock started before its first import (a `-m bench...` child would import the
+# engine first, through bench/__init__.py), then the handler module, then the requests.
+CHILD = """import time
+T0 = time.perf_counter()
+import function.app as app
+READY = time.perf_counter()
+import json, sys
+from bench.coldstart import requests_after
+print(json.dumps({"event": "coldstart_result", "result": requests_after(app, int(sys.argv[1]), T0, READY)}),
+      flush=True)
+"""
+
+
+def requests_after(app: Any, words: int, t0: float, ready: float) -> dict:
+    """In the child, once the handler module is imported (init done): the two requests."""
+    out: dict = {"import_to_ready_ms": round((ready - t0) * 1e3, 1)}
     for key, shift in (("first", 0), ("warm", 3)):
         t = time.perf_counter()
         resp = app.handler(_event(_prompt(words, shift)), _Ctx())
@@ -97,7 +108,6 @@ def llama_child(model: str, threads: int) -> dict:
     llm.eval(ids)
     int(np.argmax(logits_of(llm)))
     out["first_token_ms"] = round((time.perf_counter() - t) * 1e3, 1)
-    out["ready_ms"] = round((time.perf_counter() - T0) * 1e3 - out["first_token_ms"], 1)
     return out
 
 
@@ -125,8 +135,7 @@ def drop_pages(paths: list[Path]) -> str:
 
 
 def _run_child(args: list[str], env: dict) -> tuple[dict, list[dict]]:
-    p = subprocess.run([sys.executable, "-m", "bench.coldstart", *args], cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=1800)
+    p = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
     lines = []
     for line in p.stdout.splitlines():
         if line.startswith("{"):
@@ -178,14 +187,14 @@ def measure(name: str, model: Path, threads: int, runs: int, llama: bool, words:
                PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     rows = []
     # the warm cache filled first (and its run discarded), so "warm" means what a second start sees
-    _run_child(["--child", "--words", str(words)], dict(env, NUMBA_CACHE_DIR=str(warm_kernels)))
+    _run_child(["-c", CHILD, str(words)], dict(env, NUMBA_CACHE_DIR=str(warm_kernels)))
     for pages in pages_states:
         for kernels in kernel_states:
             for r in range(runs):
                 cold_dir = Path(tempfile.mkdtemp(prefix="numba-cold-", dir=cache_root))
                 kdir = warm_kernels if kernels == "warm" else cold_dir
                 how = drop_pages([model, kdir]) if pages == "cold" else "-"
-                res, lines = _run_child(["--child", "--words", str(words)], dict(env, NUMBA_CACHE_DIR=str(kdir)))
+                res, lines = _run_child(["-c", CHILD, str(words)], dict(env, NUMBA_CACHE_DIR=str(kdir)))
                 shutil.rmtree(cold_dir, ignore_errors=True)
                 rows.append({"pages": pages, "kernel_cache": kernels, "run": r, "evicted_by": how, **res,
                              "init": _init_stages(lines)})
@@ -199,7 +208,8 @@ def measure(name: str, model: Path, threads: int, runs: int, llama: bool, words:
                 lenv = dict(env)
                 if os.environ.get("WARMLLM_LLAMA_PATH"):
                     lenv["PYTHONPATH"] = os.pathsep.join([os.environ["WARMLLM_LLAMA_PATH"], env["PYTHONPATH"]])
-                res, _ = _run_child(["--llama-child", "--model", str(model), "--threads", str(threads)], lenv)
+                res, _ = _run_child(["-m", "bench.coldstart", "--llama-child", "--model", str(model),
+                                     "--threads", str(threads)], lenv)
                 lrows.append({"pages": pages, "run": r, "evicted_by": how, **res})
                 print(json.dumps({"model": name, "llama_cpp": lrows[-1]}), flush=True)
         out["llama_cpp"] = lrows
@@ -223,7 +233,7 @@ def summary(m: dict) -> dict:
     if m.get("llama_cpp"):
         for pages in ("warm", "cold"):
             s[f"llama_cpp_pages_{pages}"] = {k: _best(m["llama_cpp"], k, pages=pages)
-                                              for k in ("load_ms", "first_token_ms", "ready_ms")}
+                                              for k in ("load_ms", "first_token_ms")}
         ours, theirs = s["pages_cold_kernels_warm"]["import_to_ready_ms"], s["llama_cpp_pages_cold"]["load_ms"]
         if ours and theirs:
             s["cold_pages_ready_over_llama_load"] = round(ours / theirs, 3)
@@ -253,13 +263,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kernels", default="warm,cold", help="kernel-cache states to run (warm, cold)")
     ap.add_argument("--no-llama", action="store_true")
     ap.add_argument("--out", default=None)
-    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--llama-child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
-    if a.child:
-        print(json.dumps({"event": "coldstart_result", "result": child(a.words)}), flush=True)
-        return 0
     if a.llama_child:
         print(json.dumps({"event": "coldstart_result", "result": llama_child(a.model, a.threads)}), flush=True)
         return 0
@@ -268,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     if llama_path:
         os.environ["WARMLLM_LLAMA_PATH"] = llama_path
     cache_root = Path(tempfile.mkdtemp(prefix="warmllm-coldstart-"))
-    receipt: dict = {"date": dt.datetime.now().isoformat(timespec="seconds"), "cpu": _cpu(), "threads": a.threads,
+    receipt: dict = {"date": dt.datetime.now().isoformat(timespec="seconds"), "cpu": cpu_name(), "threads": a.threads,
                      "command": "python -m bench.coldstart " + " ".join(argv if argv is not None else sys.argv[1:]),
                      "llama_cpp": llama, "models": {}}
     try:
@@ -284,16 +290,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{name}: {json.dumps(m['summary'], indent=1)}")
     print(f"receipt: {out}")
     return 0
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
 
 
 if __name__ == "__main__":

@@ -54,6 +54,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench import cpu_name
+
 ROOT = Path(__file__).resolve().parents[1]
 PINS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 KEYS = ["pp_tok_s", "pp2048_tok_s", "tg_tok_s", "ttft_ms", "token_by_token_prefill_tok_s", "peak_rss_mb", "ready_ms",
@@ -112,16 +114,6 @@ def _mode_env(mode: str, threads: int) -> tuple[dict, str]:
     if build_llama.is_built(variant):
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(build_llama.target_dir(variant)), env.get("PYTHONPATH")) if p)
     return env, variant
-
-
-def _cpu() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 HIGHER_IS_BETTER = ("pp_tok_s", "pp2048_tok_s", "tg_tok_s", "token_by_token_prefill_tok_s")
@@ -434,7 +426,7 @@ def main() -> int:
 
     probes = read_bandwidths(a.threads)
     bandwidth = max(probes.values())
-    receipt = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "cpu": _cpu(),
+    receipt = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "cpu": cpu_name(),
                "cpu_flags": _cpu_flags(), "machine": platform.machine(), "threads": a.threads, "rounds": a.rounds,
                "read_bandwidth_gb_s": round(bandwidth / 1e9, 2),
                "read_bandwidth_probes_gb_s": {k: round(v / 1e9, 2) for k, v in probes.items()},

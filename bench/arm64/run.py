@@ -28,6 +28,7 @@ import sys
 import time
 from pathlib import Path
 
+from bench import cpu_name
 from bench.arm64 import build, cost
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -166,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
                "weights": a.weights, "p1": a.p1, "p2": a.p2, "n": a.n, "threads": 1,
                "qemu": subprocess.run([build.QEMU, "--version"], capture_output=True, text=True).stdout.split("\n")[0],
                "llama_cpp": build.LLAMA_CPP_PYTHON, "llama_march": {t: build.ARCH[t] for t in targets},
-               "host_cpu": _host_cpu(), "targets": {}}
+               "host_cpu": cpu_name(), "targets": {}}
     for t in targets:
         warm_s = warm(t, model)
         rep = report(t, measure(t, model, sizes, work, reuse=a.runs is not None))
@@ -178,16 +179,6 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(json.dumps(receipt, indent=1) + "\n")
     print(f"\nreceipt: {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
     return 0
-
-
-def _host_cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
 
 
 if __name__ == "__main__":
