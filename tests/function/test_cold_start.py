@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 STAGES = ("numba_cache", "handler", "import", "download", "threads", "open", "weights", "tokenizer", "template",
-          "engine", "kernels", "warmup", "other")
+          "engine", "kernels", "warmup", "grammar", "other")
 
 CHILD = r"""
 import json, sys
