@@ -51,7 +51,11 @@ REQUEST_TIMINGS = Family("request_timings", {
     "decode_tokens_per_s": "Count/Second", "prefill_tokens_per_s": "Count/Second", "ttft_ms": "Milliseconds",
 }, ("service", "route", "prefill_mode"))
 INIT = Family("init", {"init_ms": "Milliseconds", "download_ms": "Milliseconds", "load_ms": "Milliseconds",
-                       "compile_ms": "Milliseconds", "cold_starts": "Count", "init_failures": "Count"},
+                       "compile_ms": "Milliseconds", "cold_starts": "Count", "init_failures": "Count",
+                       # the stages that vary between cold starts (engine/stages.py; all are in the line)
+                       "import_ms": "Milliseconds", "threads_ms": "Milliseconds", "open_ms": "Milliseconds",
+                       "tokenizer_ms": "Milliseconds", "kernels_ms": "Milliseconds", "warmup_ms": "Milliseconds",
+                       "grammar_ms": "Milliseconds"},
               ("service", "phase"))
 NO_PREFILL = "none"        # prefill_mode of a request that generated nothing (health, models, errors)
 
