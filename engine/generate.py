@@ -144,16 +144,17 @@ class Engine:
     @classmethod
     def load(cls, path: str, threads: int | None = None, n_ctx: int | None = None, warm_up: bool = True, *,
              snapshot_store: SnapshotStore | None = None, settings: Settings | None = None,
-             log: LogFn = log_event) -> Engine:
+             log: LogFn = log_event, data: bytes | bytearray | memoryview | None = None) -> Engine:
         """`settings` (default: `Settings()`, the defaults) come from the caller's edge, e.g.
         `Settings.from_env(os.environ)`; `threads` and `n_ctx`, when given, win over them.
-        `log` receives the engine's events (snapshot writes and ignored snapshots)."""
+        `log` receives the engine's events (snapshot writes and ignored snapshots). `data`: the
+        GGUF's bytes already in memory (then `path` only names it: the model id, messages)."""
         settings = settings if settings is not None else Settings()
         clock = StageClock()
         t0 = clock.start
         tc = threads_mod.configure(threads if threads is not None else settings.threads)
         clock.mark("threads")
-        f = GGUFFile(path)
+        f = GGUFFile(path, data)
         clock.mark("open")
         try:
             model = load_model(f)

@@ -225,17 +225,24 @@ class GGUFFile:
     """A memory-mapped GGUF: `metadata` (key → Python value) and `tensor(name)` views. Every
     malformed file is a ModelLoadError naming the field (permanent: retrying cannot fix it)."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], data: bytes | bytearray | memoryview | None = None) -> None:
+        """``path``: the file, memory-mapped; or, with ``data`` (the file's bytes, already in memory:
+        a SnapStart snapshot holds the model in memory, not in /tmp), only the name errors use."""
         self.path = os.fspath(path)
-        if not os.path.isfile(self.path):
-            raise ModelLoadError(f"model file not found: {self.path}; set MODEL_PATH to a .gguf file")
-        size = os.path.getsize(self.path)
-        with open(self.path, "rb") as fh:
-            magic = fh.read(4)
+        if data is not None:
+            self._mm = np.frombuffer(data, dtype=np.uint8)
+            size, magic = self._mm.size, bytes(self._mm[:4])
+        else:
+            if not os.path.isfile(self.path):
+                raise ModelLoadError(f"model file not found: {self.path}; set MODEL_PATH to a .gguf file")
+            size = os.path.getsize(self.path)
+            with open(self.path, "rb") as fh:
+                magic = fh.read(4)
         if magic != GGUF_MAGIC:
             raise ModelLoadError(f"{self.path} is not a GGUF file (starts with {magic!r}, expected b'GGUF')")
         self.file_size = size
-        self._mm = np.memmap(self.path, dtype=np.uint8, mode="r")
+        if data is None:
+            self._mm = np.memmap(self.path, dtype=np.uint8, mode="r")
         self._field = "the header"
         try:
             self._parse(memoryview(self._mm), np.asarray(self._mm))  # type: ignore[arg-type]  # numpy: buffer typed for 3.12+

@@ -99,3 +99,4 @@ def test_the_cache_directory_setting():
     assert tokenizer_cache_dir({"NUMBA_CACHE_DIR": "/tmp/nc", "TOKENIZER_CACHE_DIR": "/mnt/efs/tok"}) == "/mnt/efs/tok"
     assert tokenizer_cache_dir({"NUMBA_CACHE_DIR": "/tmp/nc", "TOKENIZER_CACHE_DIR": "off"}) is None
     assert Settings.from_env({"TOKENIZER_CACHE_DIR": "/x"}).tokenizer_cache_dir == "/x"
+
