@@ -31,6 +31,10 @@ RUNTIME.init_clock = CLOCK
 CLOCK.mark("handler")   # the function's own modules and settings
 RUNTIME.start_init()
 
+from . import snapstart  # noqa: E402
+
+SNAPSTART_HOOKS = snapstart.register(RUNTIME)   # registered at import, as Lambda requires
+
 
 def handler(event, context):
     return RUNTIME.handle(event, context)

@@ -9,6 +9,7 @@ current ``HeadObject``; a changed object (new ETag) is downloaded again.
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -42,6 +43,7 @@ class ResolvedModel:
     download_ms: float = 0.0
     downloaded: bool = False
     bytes: int = 0
+    data: bytearray | None = None   # the file's bytes, when downloaded into memory (path is then the URI)
 
 
 def parse_s3_uri(uri: str) -> tuple[str, str]:
@@ -61,6 +63,8 @@ def resolve(settings: FunctionSettings, s3_client=None) -> ResolvedModel:
         return ResolvedModel(path=path, source="path", uri=path, bytes=os.path.getsize(path))
     uri = settings.model_s3_uri
     if uri:
+        if settings.model_in_memory:
+            return download_to_memory(uri, s3_client=s3_client)
         return download(uri, settings.model_dir, s3_client=s3_client)
     raise ModelSourceError("no model configured: set MODEL_PATH (a GGUF file) or MODEL_S3_URI (s3://bucket/key.gguf)",
                            "no model is configured: deploy with ModelS3Uri or ModelPath")
@@ -144,3 +148,62 @@ def download(uri: str, model_dir: str, s3_client=None) -> ResolvedModel:
     emit({"event": "model_download", "uri": uri, "path": dest, "bytes": size, "progress": 1.0,
           "download_ms": round(ms, 1), "mb_per_s": round(size / 1e6 / (ms / 1000.0), 1) if ms > 0 else None})
     return ResolvedModel(path=dest, source="s3", uri=uri, download_ms=ms, downloaded=True, bytes=size)
+
+
+class _Buffer(io.RawIOBase):
+    """A writable, seekable file over a bytearray of the object's size: boto3's parallel ranged
+    download writes each part at its offset, with no copy and no growth."""
+
+    def __init__(self, size: int) -> None:
+        self.data = bytearray(size)
+        self._pos = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:
+        n = len(b)
+        if self._pos + n > len(self.data):
+            raise OSError(f"write past the object's {len(self.data)} bytes")
+        self.data[self._pos:self._pos + n] = b
+        self._pos += n
+        return n
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self.data)}[whence]
+        self._pos = base + offset
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+
+def download_to_memory(uri: str, s3_client=None) -> ResolvedModel:
+    """The object's bytes in memory (a SnapStart snapshot keeps them; its /tmp is capped at 512 MB)."""
+    bucket, key = parse_s3_uri(uri)
+    if s3_client is None:
+        import boto3
+        s3_client = boto3.client("s3")
+    t0 = time.perf_counter()
+    try:
+        size = int(s3_client.head_object(Bucket=bucket, Key=key)["ContentLength"])
+    except Exception as exc:
+        raise ModelSourceError(f"cannot read {uri}: {exc}",
+                               "the model object in S3 cannot be read (missing, or no permission)") from exc
+    emit({"event": "model_download", "uri": uri, "to": "memory", "bytes": size, "progress": 0.0})
+    from boto3.s3.transfer import TransferConfig
+    cfg = TransferConfig(multipart_threshold=CHUNK_BYTES, multipart_chunksize=CHUNK_BYTES,
+                         max_concurrency=CONCURRENCY)
+    buf = _Buffer(size)
+    try:
+        s3_client.download_fileobj(bucket, key, buf, Config=cfg)
+    except Exception as exc:
+        raise ModelSourceError(f"download of {uri} into memory failed: {exc}",
+                               "the model download from S3 failed") from exc
+    ms = (time.perf_counter() - t0) * 1000.0
+    emit({"event": "model_download", "uri": uri, "to": "memory", "bytes": size, "progress": 1.0,
+          "download_ms": round(ms, 1)})
+    return ResolvedModel(path=uri, source="s3", uri=uri, download_ms=ms, downloaded=True, bytes=size, data=buf.data)

@@ -55,7 +55,9 @@ INIT = Family("init", {"init_ms": "Milliseconds", "download_ms": "Milliseconds",
                        # the stages that vary between cold starts (engine/stages.py; all are in the line)
                        "import_ms": "Milliseconds", "threads_ms": "Milliseconds", "open_ms": "Milliseconds",
                        "tokenizer_ms": "Milliseconds", "kernels_ms": "Milliseconds", "warmup_ms": "Milliseconds",
-                       "grammar_ms": "Milliseconds"},
+                       "grammar_ms": "Milliseconds",
+                       # SnapStart (function/snapstart.py): environments restored from a snapshot
+                       "restores": "Count", "restore_ms": "Milliseconds"},
               ("service", "phase"))
 NO_PREFILL = "none"        # prefill_mode of a request that generated nothing (health, models, errors)
 

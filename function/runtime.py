@@ -14,6 +14,7 @@ is a response plus exactly one request log line.
 from __future__ import annotations
 
 import hmac
+import os
 import threading
 import time
 import traceback
@@ -132,6 +133,7 @@ class Runtime:
         self._init_fields: dict = {}
         self.init_extra: dict = {}          # e.g. the numba cache preparation, for the init line
         self.init_clock: StageClock | None = None   # the handler module's clock (app.py), for the first load
+        self.init_cpu_flags: frozenset[str] = frozenset()   # the CPU the kernels were loaded on (check_cpu)
         self._gen_lock = threading.Lock()
         self._state_lock = threading.Lock()
         self.requests_served = 0
@@ -162,7 +164,9 @@ class Runtime:
             clock.mark("download")      # resolving the model: the S3 download when there is one
             fields.update(model_source=res.source, model_uri=res.uri, model_bytes=res.bytes,
                           downloaded=res.downloaded)
-            eng = Engine.load(res.path, settings=self.settings.engine)
+            eng = Engine.load(res.path, settings=self.settings.engine, data=res.data)
+            from .numba_cache import cpu_flags
+            self.init_cpu_flags = cpu_flags()
             clock.mark_parts(eng.load_stages)
             fields.update(ok=True, model_id=eng.model_id, n_ctx=eng.n_ctx, threads=eng.threads,
                           backend=eng.backend, load_ms=float(eng.load_ms), compile_ms=float(eng.compile_ms),
@@ -216,6 +220,30 @@ class Runtime:
             return
         self._init_reported = True
         init_line({"phase": phase, **self._init_fields, **self.init_extra})
+
+    # ------------------------------------------------------------------ SnapStart (function/snapstart.py)
+
+    def drop_network_clients(self) -> None:
+        """Forget every network client: the next use makes a new one (a connection in a SnapStart
+        snapshot is dead after the restore)."""
+        self.s3_client = None
+        if self.engine is not None:
+            self.engine.snapshots.drop_clients()
+
+    def check_cpu(self) -> dict:
+        """After a restore: whether this CPU runs the kernels the snapshot holds. They are safe when
+        compiled for a named level (NUMBA_CPU_NAME: the image's levels, neoverse-n1 on arm64) or
+        when this CPU has every flag the snapshotting one had."""
+        from .numba_cache import cpu_flags
+
+        now = cpu_flags()
+        missing = sorted(self.init_cpu_flags - now) if self.init_cpu_flags else []
+        portable = bool(os.environ.get("NUMBA_CPU_NAME"))
+        ok = portable or not missing
+        if not ok:
+            emit({"event": "snapstart_cpu", "error": "restored on a CPU without flags the kernels were compiled "
+                  "for; set NUMBA_CPU_NAME to a portable level", "missing_flags": missing[:20]})
+        return {"cpu_ok": ok, "kernels_portable": portable, "cpu_flags_missing": len(missing)}
 
     def wait_for_engine(self, until_mono: float):
         """The engine, or a 503 saying why not (still loading at the deadline, or failed)."""

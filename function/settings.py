@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from engine.settings import Settings, env_str, non_negative, positive
+from engine.settings import Settings, env_str, env_value, non_negative, positive
 
 from .limits import Limits
 
@@ -58,6 +58,9 @@ class FunctionSettings:
     # FUNCTION_URL_AUTH_TYPE=AWS_IAM: Lambda authenticated every Function URL request (SigV4), whose
     # Authorization header is the signature: the bearer check does not apply to those events
     function_url_iam: bool = False
+    # MODEL_IN_MEMORY: download MODEL_S3_URI into memory, not MODEL_DIR. Default: on in a SnapStart
+    # init (AWS_LAMBDA_INITIALIZATION_TYPE=snap-start), whose snapshot may hold at most 512 MB of /tmp
+    model_in_memory: bool = False
 
     @property
     def model_source(self) -> str | None:
@@ -81,4 +84,20 @@ class FunctionSettings:
             stream_deadline_s=positive(env, "STREAM_DEADLINE_S", DEFAULT_STREAM_DEADLINE_S),
             stream_keepalive_s=non_negative(env, "STREAM_KEEPALIVE_S", DEFAULT_STREAM_KEEPALIVE_S),
             function_url_iam=_url_auth(env) == "AWS_IAM",
+            model_in_memory=env_value(env, "MODEL_IN_MEMORY", _flag, snapstart_init(env),
+                                      takes="true or false", default_is="true in a SnapStart init"),
         )
+
+
+def snapstart_init(env: Mapping[str, str]) -> bool:
+    """This init is the one Lambda snapshots (SnapStart), not an ordinary cold start."""
+    return env.get("AWS_LAMBDA_INITIALIZATION_TYPE") == "snap-start"
+
+
+def _flag(raw: str) -> bool:
+    v = raw.strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(raw)

@@ -65,6 +65,11 @@ class S3Tier:
                                   read_timeout=self.read_timeout_s))
             return self._client
 
+    def drop_client(self) -> None:
+        """Forget the client; the next use makes a new one (after a SnapStart restore)."""
+        with self._lock:
+            self._client = None
+
     def object_key(self, key: Key) -> str:
         return f"{self.prefix}/{snapshot_name(key)}"
 

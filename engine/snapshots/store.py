@@ -387,6 +387,11 @@ class SnapshotStore:
                 self._holders -= 1
                 self._sync_release()
 
+    def drop_clients(self) -> None:
+        """Forget the network clients (the S3 tier's); the next use makes new ones."""
+        if self.s3 is not None:
+            self.s3.drop_client()
+
     def hold(self) -> None:
         """Keep queued writes waiting until `release()` or `flush()` (a process about to exit
         whose writes need not happen)."""

@@ -99,3 +99,26 @@ def test_too_little_tmp_names_the_parameter(s3, tmp_path, monkeypatch):
     with pytest.raises(ModelSourceError, match="EphemeralStorageMB") as exc:
         resolve(FunctionSettings.from_env({"MODEL_S3_URI": "s3://models/m.gguf", "MODEL_DIR": str(tmp_path)}), s3_client=s3)
     assert "EphemeralStorageMB" in exc.value.public and "s3://" not in exc.value.public
+
+
+@pytest.mark.parametrize("how", ["flag", "snapstart"])
+def test_a_snapstart_init_downloads_into_memory_in_ranges(s3, tmp_path, monkeypatch, how):
+    # a SnapStart snapshot may hold at most 512 MB of /tmp: the model goes to memory, not MODEL_DIR
+    monkeypatch.setattr(model_source, "CHUNK_BYTES", 5 * 1024 * 1024)
+    data = os.urandom(13 * 1024 * 1024)
+    s3.put_object(Bucket="models", Key="m.gguf", Body=data)
+    ranges = []
+    s3.meta.events.register("provide-client-params.s3.GetObject", lambda params, **kw: ranges.append(params.get("Range")))
+    env = {"MODEL_S3_URI": "s3://models/m.gguf", "MODEL_DIR": str(tmp_path / "tmp"),
+           **({"MODEL_IN_MEMORY": "true"} if how == "flag" else {"AWS_LAMBDA_INITIALIZATION_TYPE": "snap-start"})}
+    r = resolve(FunctionSettings.from_env(env), s3_client=s3)
+    assert r.data is not None and bytes(r.data) == data and r.path == "s3://models/m.gguf" and r.bytes == len(data)
+    assert len(ranges) == 3 and not (tmp_path / "tmp").exists()
+
+
+def test_in_memory_is_off_for_an_ordinary_init_and_checked():
+    assert not FunctionSettings.from_env({"AWS_LAMBDA_INITIALIZATION_TYPE": "on-demand"}).model_in_memory
+    assert not FunctionSettings.from_env({"AWS_LAMBDA_INITIALIZATION_TYPE": "snap-start",
+                                          "MODEL_IN_MEMORY": "false"}).model_in_memory
+    with pytest.raises(ValueError, match="MODEL_IN_MEMORY"):
+        FunctionSettings.from_env({"MODEL_IN_MEMORY": "maybe"})
