@@ -55,7 +55,9 @@ def run(fmt: str, rows: int, cols: int, tokens: int, rounds: int) -> dict:
     for k, v in times.items():
         v.sort()
         out[k] = {"min_ms": round(v[0] * 1e3, 1), "median_ms": round(v[len(v) // 2] * 1e3, 1),
-                  "gmac_s": round(macs / v[0] / 1e9, 1)}
+                  # three significant figures: a small product on a loaded host is well under
+                  # 0.05 GMAC/s, which one decimal rounded to 0.0
+                  "gmac_s": float(f"{macs / v[0] / 1e9:.3g}")}
     return out
 
 
