@@ -70,6 +70,21 @@ def resolve(settings: FunctionSettings, s3_client=None) -> ResolvedModel:
                            "no model is configured: deploy with ModelS3Uri or ModelPath")
 
 
+def _head(s3_client, bucket: str, key: str, uri: str) -> dict:
+    try:
+        return s3_client.head_object(Bucket=bucket, Key=key)
+    except Exception as exc:
+        raise ModelSourceError(f"cannot read {uri}: {exc}",
+                               "the model object in S3 cannot be read (missing, or no permission)") from exc
+
+
+def _transfer_config():
+    """Ranged parts of CHUNK_BYTES, CONCURRENCY at a time (read at call time: tests scale them)."""
+    from boto3.s3.transfer import TransferConfig
+    return TransferConfig(multipart_threshold=CHUNK_BYTES, multipart_chunksize=CHUNK_BYTES,
+                          max_concurrency=CONCURRENCY)
+
+
 def _marker(dest: str) -> str:
     return dest + ".source.json"
 
@@ -91,11 +106,7 @@ def download(uri: str, model_dir: str, s3_client=None) -> ResolvedModel:
         import boto3
         s3_client = boto3.client("s3")
     t0 = time.perf_counter()
-    try:
-        head = s3_client.head_object(Bucket=bucket, Key=key)
-    except Exception as exc:
-        raise ModelSourceError(f"cannot read {uri}: {exc}",
-                               "the model object in S3 cannot be read (missing, or no permission)") from exc
+    head = _head(s3_client, bucket, key, uri)
     size = int(head["ContentLength"])
     etag = str(head.get("ETag", "")).strip('"')
     os.makedirs(model_dir, exist_ok=True)
@@ -124,9 +135,7 @@ def download(uri: str, model_dir: str, s3_client=None) -> ResolvedModel:
                   "progress": round(state["done"] / size, 4) if size else 1.0,
                   "mb_per_s": round(state["done"] / 1e6 / el, 1) if el > 0 else None})
 
-    from boto3.s3.transfer import TransferConfig
-    cfg = TransferConfig(multipart_threshold=CHUNK_BYTES, multipart_chunksize=CHUNK_BYTES,
-                         max_concurrency=CONCURRENCY)
+    cfg = _transfer_config()
     try:
         s3_client.download_file(bucket, key, part, Callback=progress, Config=cfg)
     except Exception as exc:
@@ -188,15 +197,9 @@ def download_to_memory(uri: str, s3_client=None) -> ResolvedModel:
         import boto3
         s3_client = boto3.client("s3")
     t0 = time.perf_counter()
-    try:
-        size = int(s3_client.head_object(Bucket=bucket, Key=key)["ContentLength"])
-    except Exception as exc:
-        raise ModelSourceError(f"cannot read {uri}: {exc}",
-                               "the model object in S3 cannot be read (missing, or no permission)") from exc
+    size = int(_head(s3_client, bucket, key, uri)["ContentLength"])
     emit({"event": "model_download", "uri": uri, "to": "memory", "bytes": size, "progress": 0.0})
-    from boto3.s3.transfer import TransferConfig
-    cfg = TransferConfig(multipart_threshold=CHUNK_BYTES, multipart_chunksize=CHUNK_BYTES,
-                         max_concurrency=CONCURRENCY)
+    cfg = _transfer_config()
     buf = _Buffer(size)
     try:
         s3_client.download_fileobj(bucket, key, buf, Config=cfg)
