@@ -22,6 +22,14 @@ runtime API for custom runtimes" and "Implementing response streaming in a custo
   response, as the guide asks.
 * An init failure (the module cannot import) is posted to ``/runtime/init/error`` and the process
   exits; a handler that raises is posted to ``/runtime/invocation/{id}/error``.
+* Under SnapStart (``AWS_LAMBDA_INITIALIZATION_TYPE=snap-start``; "Implementing SnapStart hooks"
+  in the same guide) the loop does what the managed runtime would: after init it runs the
+  before-snapshot hooks (in reverse order of registration), calls ``GET /runtime/restore/next`` --
+  Lambda snapshots the environment while that call is open and answers it in each environment
+  restored from the snapshot -- then runs the after-restore hooks in order. A hook that raises
+  before the snapshot is an init error; after a restore it is posted to ``/runtime/restore/error``
+  and the process exits. The hooks are the ones registered through ``snapshot_restore_py``
+  (function/snapstart.py), the registry Lambda's Python runtimes ship in ``/var/runtime``.
 
 Run as ``python -m function.stream_runtime`` (the image's ENTRYPOINT; ``bootstrap`` for the zip).
 """
@@ -191,6 +199,15 @@ class RuntimeAPIClient:
     def init_error(self, exc: BaseException) -> None:
         self._post_error(f"{PREFIX}/init/error", exc, "Runtime.InitError")
 
+    def restore_next(self) -> None:
+        """Ready for the snapshot; returns in an environment restored from it."""
+        status, _, body = self._request("GET", f"{PREFIX}/restore/next")
+        if status != 200:
+            raise RuntimeError(f"Runtime API /restore/next answered {status}: {body[:200]!r}")
+
+    def restore_error(self, exc: BaseException) -> None:
+        self._post_error(f"{PREFIX}/restore/error", exc, "Runtime.AfterRestoreError")
+
     def _post_error(self, path: str, exc: BaseException, error_type: str | None = None) -> None:
         kind = error_type or f"Runtime.{type(exc).__name__}"
         body = error_body(exc)
@@ -273,6 +290,38 @@ def run(client: RuntimeAPIClient, handle: Callable, handle_stream: Callable, kin
         served += 1
 
 
+def snapstart_hooks() -> tuple[list, list]:
+    """The (before-snapshot, after-restore) hooks registered through ``snapshot_restore_py``, as
+    ``(callable, args, kwargs)``; none where the library is absent (not a Lambda runtime)."""
+    try:
+        import snapshot_restore_py as srp
+    except ImportError:
+        return [], []
+    return list(srp.get_before_snapshot()), list(srp.get_after_restore())
+
+
+def snapstart_cycle(client: RuntimeAPIClient) -> None:
+    """Before-snapshot hooks (reverse order), the snapshot, after-restore hooks (in order). Raises
+    ``AfterRestoreFailed`` when an after-restore hook raises, any other error before the snapshot."""
+    before, after = snapstart_hooks()
+    for func, args, kwargs in reversed(before):
+        func(*args, **kwargs)
+    client.restore_next()
+    try:
+        for func, args, kwargs in after:
+            func(*args, **kwargs)
+    except Exception as exc:
+        raise AfterRestoreFailed(exc) from exc
+
+
+class AfterRestoreFailed(Exception):
+    """An after-restore hook raised: reported to /restore/error, not /init/error."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(f"{type(cause).__name__}: {cause}")
+        self.cause = cause
+
+
 def main(environ: Mapping[str, str] | None = None) -> int:
     env = os.environ if environ is None else environ
     address = env.get("AWS_LAMBDA_RUNTIME_API")
@@ -284,6 +333,12 @@ def main(environ: Mapping[str, str] | None = None) -> int:
     try:
         kinds = stream_kinds(env)
         from . import app          # module scope is the init phase: numba cache, settings, model load
+        if env.get("AWS_LAMBDA_INITIALIZATION_TYPE") == "snap-start":
+            snapstart_cycle(client)
+    except AfterRestoreFailed as exc:
+        traceback.print_exc()
+        client.restore_error(exc.cause)
+        return 1
     except Exception as exc:
         traceback.print_exc()
         client.init_error(exc)

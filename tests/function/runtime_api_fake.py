@@ -2,7 +2,9 @@
 test_stream_runtime.py, AWS's awslambdaric in test_runtime_api.py), on real sockets.
 
 ``/invocation/next`` hands out the queued events; ``/invocation/<id>/response|error`` and
-``/init/error`` record the POST: headers, each chunk of a chunked body with its arrival time
+``/init/error`` record the POST; ``/restore/next`` (SnapStart: the snapshot is taken while it is
+open) is counted in `restores` and `log` and answered at once, ``/restore/error`` kept in
+`restore_error`. `log` lists the Runtime API calls in the order they arrived: headers, each chunk of a chunked body with its arrival time
 (``time.monotonic()``, the same clock the engine's decode steps use), the trailers and the whole
 body. `done` is set once every queued event has a reply, or an init error arrived."""
 from __future__ import annotations
@@ -30,6 +32,9 @@ class FakeRuntimeAPI:
         self.posts: dict[str, dict] = {}
         self.order: list[str] = []
         self.init_error: dict | None = None
+        self.restore_error: dict | None = None
+        self.restores = 0
+        self.log: list[str] = []
         self.done = threading.Event()
         api = self
 
@@ -48,6 +53,10 @@ class FakeRuntimeAPI:
                 self.wfile.write(body)
 
             def do_GET(self):
+                api.log.append(f"GET {self.path[len(PREFIX):]}")
+                if self.path == f"{PREFIX}/restore/next":
+                    api.restores += 1
+                    return self._reply(200)
                 if self.path != f"{PREFIX}/invocation/next":
                     return self._reply(404)
                 try:
@@ -63,6 +72,7 @@ class FakeRuntimeAPI:
                     "Content-Type": "application/json"})
 
             def do_POST(self):
+                api.log.append(f"POST {self.path[len(PREFIX):]}")
                 rec: dict = {"headers": {k.lower(): v for k, v in self.headers.items()}, "chunks": [],
                              "trailers": {}, "path": self.path}
                 if rec["headers"].get("transfer-encoding") == "chunked":
@@ -85,6 +95,9 @@ class FakeRuntimeAPI:
                 parts = self.path[len(PREFIX):].strip("/").split("/")
                 if parts[:2] == ["init", "error"]:
                     api.init_error = rec
+                    api.done.set()
+                elif parts[:2] == ["restore", "error"]:
+                    api.restore_error = rec
                     api.done.set()
                 elif parts[0] == "invocation" and len(parts) == 3 and parts[2] in ("response", "error"):
                     rec["kind"] = parts[2]

@@ -255,6 +255,7 @@ def test_zip_bootstrap_runs_the_streaming_loop(tiny_model_path):
     meta, payload = split_prelude(streamed["body"])
     assert meta["statusCode"] == 200 and sse_events(payload)[-1] == "data: [DONE]"
     assert json.loads(api.posts["rid-boot-2"]["body"])["statusCode"] == 200
+    assert api.restores == 0                                     # not a SnapStart init: no snapshot
 
 
 class Hangs:
