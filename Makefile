@@ -143,10 +143,12 @@ $(SAM_STAMP):
 sam: $(SAM_STAMP)
 
 # Zip + layer, no Docker: sam runs the two build-* targets below (BuildMethod: makefile).
+# SNAPSTART=Enabled: Lambda SnapStart on the published versions (needs MODEL_S3_URI, no EFS).
+ZIP_PARAMS = $(strip $(if $(MODEL_S3_URI),ModelS3Uri=$(MODEL_S3_URI)) $(if $(SNAPSTART),SnapStart=$(SNAPSTART)))
 deploy-zip: $(STAMP) $(SAM_STAMP)
 	$(SAM) build -t template-zip.yaml --build-in-source
 	$(SAM) deploy -t .aws-sam/build/template.yaml --stack-name $(STACK) --capabilities CAPABILITY_IAM \
-	  --resolve-s3 $(if $(MODEL_S3_URI),--parameter-overrides ModelS3Uri=$(MODEL_S3_URI)) $(DEPLOY_ARGS)
+	  --resolve-s3 $(if $(ZIP_PARAMS),--parameter-overrides $(ZIP_PARAMS)) $(DEPLOY_ARGS)
 
 # Container image: needs Docker with buildx (+ QEMU binfmt for arm64 on an x86 host).
 deploy-image: $(SAM_STAMP)

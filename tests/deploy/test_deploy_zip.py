@@ -75,8 +75,18 @@ def test_zip_template_is_the_image_template_but_for_packaging():
     # the managed runtime's loop cannot stream: ./bootstrap (exec wrapper) runs ours
     assert props["Environment"]["Variables"]["AWS_LAMBDA_EXEC_WRAPPER"] == "/var/task/bootstrap"
 
+    # SnapStart is the zip's alone (AWS's docs list managed runtimes, not container images)
+    assert zp["Parameters"]["SnapStart"]["Default"] == "Disabled" and "SnapStart" not in img["Parameters"]
+
     # everything else is the same stack: a change to one template must be made to both
     a, b = copy.deepcopy(img), copy.deepcopy(zp)
+    b["Parameters"].pop("SnapStart")
+    b["Rules"].pop("SnapStartLoadsTheModelFromS3")
+    b["Conditions"].pop("UseSnapStart")
+    b["Resources"]["WarmLlmFunction"]["Properties"].pop("SnapStart")
+    for t in (a, b):
+        t["Parameters"]["EphemeralStorageMB"].pop("Description")
+        t["Resources"]["WarmLlmFunction"]["Properties"].pop("EphemeralStorage")
     for t in (a, b):
         t.pop("Description")
         t["Parameters"].pop("Architecture", None)
@@ -146,6 +156,8 @@ def test_deploy_targets_run_and_print_the_sam_commands():
     assert "sam deploy -t .aws-sam/build/template.yaml --stack-name warmllm --capabilities CAPABILITY_IAM" in deploy
     assert "--parameter-overrides ModelS3Uri=s3://my-models/Qwen3.5-0.8B-Q4_K_M.gguf" in deploy
     assert "--guided" not in deploy                          # non-interactive unless asked
+    out = make_n("deploy-zip", "MODEL_S3_URI=s3://b/m.gguf", "SNAPSTART=Enabled")
+    assert "--parameter-overrides ModelS3Uri=s3://b/m.gguf SnapStart=Enabled" in out
     out = make_n("deploy-image", "MODEL_S3_URI=s3://b/m.gguf")
     assert "sam build -t template.yaml" in out and "--resolve-image-repos" in out and "ModelS3Uri=s3://b/m.gguf" in out
 

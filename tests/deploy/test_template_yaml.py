@@ -134,8 +134,9 @@ def test_rest_api_streams_the_generation_routes(tpl):
         assert props["HttpMethod"] == "POST"
         assert integ["Type"] == "AWS_PROXY" and integ["IntegrationHttpMethod"] == "POST"
         assert integ["ResponseTransferMode"] == "STREAM" and integ["TimeoutInMillis"] == 900000
-        assert integ["Uri"] == {"Fn::Sub": "arn:${AWS::Partition}:apigateway:${AWS::Region}:lambda:path/2021-11-15/"
-                                           "functions/${WarmLlmFunction.Arn}/response-streaming-invocations"}
+        assert integ["Uri"] == {"Fn::Sub": ["arn:${AWS::Partition}:apigateway:${AWS::Region}:lambda:path/2021-11-15/"
+                                            "functions/${AliasArn}/response-streaming-invocations",
+                                            {"AliasArn": {"Ref": "WarmLlmFunction.Alias"}}]}
     perm = res["StreamingApiInvokePermission"]["Properties"]
     assert perm["Action"] == "lambda:InvokeFunction" and perm["Principal"] == "apigateway.amazonaws.com"
     assert "/*/POST/v1/*" in perm["SourceArn"]["Fn::Sub"]
