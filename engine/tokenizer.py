@@ -260,6 +260,16 @@ class Tokenizer:
     def n_vocab(self) -> int:
         return len(self._tokens)
 
+    @property
+    def pieces(self) -> Sequence[str]:
+        """Every token's text as stored, by id (read-only: bulk readers such as the grammar trie)."""
+        return tuple(self._tokens) if not isinstance(self._tokens, tuple) else self._tokens
+
+    @property
+    def token_types(self) -> np.ndarray:
+        """Every token's type, by id (a read-only copy)."""
+        return np.asarray(self._types, dtype=np.int32)
+
     def token_id(self, piece: str) -> int | None:
         """Id of a token given its stored text (byte-level form for NORMAL tokens)."""
         return self._vocab.get(piece)

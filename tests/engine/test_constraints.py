@@ -332,3 +332,26 @@ def test_the_trie_names_special_tokens_and_skips_fillers(tok):
     assert allowed.tolist() == [tok.token_id("<tool_call>")]
     pads = [i for i in range(tok.n_vocab) if tok.token_type(i) == TokenType.UNUSED]
     assert pads                                             # the factory vocabulary has fillers
+
+
+def _one_by_one(tok: Tokenizer) -> list[bytes]:
+    return [C._trie_bytes(tok, i) for i in range(tok.n_vocab)]
+
+
+def test_the_trie_bytes_built_in_bulk_are_each_tokens_own(tok, model_factory):
+    """The bulk path (one table lookup over every NORMAL token's characters, cut at their lengths)
+    gives each token the bytes the one-token path gives it: the factory vocabulary, Qwen3.5's
+    real one (248,320 tokens), and tokens with a character outside the byte map."""
+    from engine.gguf_file import GGUFFile
+
+    real = Tokenizer.from_gguf_metadata(GGUFFile(model_factory("tiny", "F32", 0, vocab="qwen35")).metadata)
+    for t in (tok, real):
+        assert C._trie_tokens(t, t.token_types) == _one_by_one(t)
+    meta = dict(build_vocab(4096).metadata())
+    extra = ["x€y", "€", "ĠΩmega"]                      # not byte-level text: decoded one by one
+    pieces = list(meta["tokenizer.ggml.tokens"]) + extra
+    types = list(meta["tokenizer.ggml.token_type"]) + [TokenType.NORMAL] * len(extra)
+    odd = Tokenizer.from_gguf_metadata({**meta, "tokenizer.ggml.tokens": pieces, "tokenizer.ggml.token_type": types})
+    bulk = C._trie_tokens(odd, odd.token_types)
+    assert bulk == _one_by_one(odd)
+    assert bulk[-3:] == [odd.token_bytes(odd.n_vocab - 3 + k) for k in range(3)] and bulk[-1].endswith(b"mega")
