@@ -171,3 +171,30 @@ def test_kernel_cache_version_changes_with_an_intrinsic_module(tmp_path):
     with open(pkg / "engine" / "quant" / "int8_dot.py", "a") as f:
         f.write("\n# changed\n")
     assert tag() != before
+
+
+def test_the_image_build_caches_a_baked_models_tokenizer_for_the_cold_start(tmp_path, model_factory):
+    """`build --models /opt/model` builds each baked-in model's tokenizer beside the kernels; the
+    cold start's copy to /tmp brings it along, and the engine's default TOKENIZER_CACHE_DIR
+    (NUMBA_CACHE_DIR, versioned, /tokenizers) loads it instead of building it."""
+    from engine.gguf_file import GGUFFile
+    from engine.settings import tokenizer_cache_dir
+    from engine.tokenizer import Tokenizer
+
+    model_dir = tmp_path / "opt-model"
+    model_dir.mkdir()
+    baked = model_dir / "qwen.gguf"
+    baked.symlink_to(model_factory("tiny", "F32", 0, vocab="qwen35"))
+    (model_dir / "pyproject.toml").write_text("")              # the Dockerfile's COPY placeholder: not a model
+    image, tmp = tmp_path / "opt-numba-cache", tmp_path / "tmp-numba-cache"
+    warm = ("-c", "pass")
+    assert numba_cache.build(str(image), machine="aarch64", flags=frozenset(), warm=warm, models=[str(model_dir)])
+    tag = Path(os.environ["NUMBA_CACHE_DIR"]).name                 # this engine's version: engine-<hash>
+    assert tag.startswith("engine-") and any((image / tag / "tokenizers").iterdir())
+
+    numba_cache.prepare({"WARMLLM_NUMBA_CACHE_SRC": str(image), "NUMBA_CACHE_DIR": str(tmp)})
+    directory = tokenizer_cache_dir({"NUMBA_CACHE_DIR": str(tmp / tag)})
+    tok = Tokenizer.from_gguf_metadata(GGUFFile(baked).metadata, cache_dir=directory)
+    assert tok.cache_hit and tok.n_vocab == 248320
+    assert numba_cache.gguf_files([str(model_dir)]) == [str(baked)]
+    assert numba_cache.gguf_files([str(model_dir / "pyproject.toml"), str(tmp_path / "none.gguf")]) == []
