@@ -26,12 +26,14 @@ ENV LAMBDA_TASK_ROOT=/var/task \
 WORKDIR /var/task
 
 # Dependencies: exactly pyproject.toml's runtime list (pinned numpy/numba/llvmlite), awslambdaric and
-# llguidance (constrained decoding; its abi3 wheel needs glibc 2.31, the base image has 2.34) included.
+# llguidance (constrained decoding; its abi3 wheel needs glibc 2.31, the base image has 2.34) included,
+# and the `serve` extra (uvicorn, prometheus-client): the same image runs resident on ECS/EKS or behind
+# the Lambda Web Adapter with `python -m function.serve --host 0.0.0.0` as its command (docs/resident.md).
 COPY pyproject.toml ./
-RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml','rb'))['project']['dependencies']))" \
+RUN python -c "import tomllib; t = tomllib.load(open('pyproject.toml','rb'))['project']; print('\n'.join(t['dependencies'] + t['optional-dependencies']['serve']))" \
         > /tmp/requirements.txt \
  && pip install -r /tmp/requirements.txt \
- && python -c "import llguidance, tokenizers, numba" \
+ && python -c "import llguidance, tokenizers, numba, uvicorn, prometheus_client" \
  && SP=$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') \
  && rm -rf "$SP/numba/tests" "$SP/numba/cuda" "$SP/numpy/_core/tests" "$SP/llvmlite/tests" \
  && rm /tmp/requirements.txt

@@ -20,7 +20,7 @@ SAM_STAMP := $(SAM_VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,serve]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -23,6 +23,7 @@ total − Σ stages is printed so a gap is visible; it is within ``TOLERANCE_MS`
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -69,8 +70,10 @@ def _round(v):
 class RequestLog:
     """Collects one request's fields and stage timings; ``finish`` prints the line once."""
 
-    def __init__(self, request_id: str, cold: bool, clock=time.perf_counter) -> None:
+    def __init__(self, request_id: str, cold: bool, clock=time.perf_counter,
+                 observers: Sequence[Callable[[dict], None]] = ()) -> None:
         self._clock = clock
+        self._observers = observers     # e.g. the resident server's Prometheus counters (function/metrics.py)
         self._t0 = clock()
         self._done = False
         self.current_stage: str | None = None       # for the timeout watchdog's line
@@ -163,6 +166,12 @@ class RequestLog:
             line["emf_error"] = f"{type(exc).__name__}: {exc}"
         line.update(emf)
         emit(line)
+        for observe in self._observers:
+            try:
+                observe(line)
+            except Exception as exc:        # an observer must never break a request either
+                emit({"event": "observer_error", "request_id": line["request_id"],
+                      "error": f"{type(exc).__name__}: {exc}"})
         return line
 
 

@@ -20,6 +20,7 @@ import time
 import traceback
 import uuid
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from engine.jsonlog import emit
@@ -138,6 +139,8 @@ class Runtime:
         self._state_lock = threading.Lock()
         self.requests_served = 0
         self.started_wall = time.time()
+        # called with each request's log line after it is written (the resident server's metrics)
+        self.request_observers: list[Callable[[dict], None]] = []
         self.api_key = self.settings.api_key
         self.retry_s = self.settings.model_retry_s
         self.prefill_rate = admission.PrefillRate()   # measured here, for refusing what cannot fit
@@ -297,7 +300,7 @@ class Runtime:
         with self._state_lock:
             cold = self.requests_served == 0
             self.requests_served += 1
-        log = RequestLog(rid, cold=cold)
+        log = RequestLog(rid, cold=cold, observers=self.request_observers)
         if watchdog is not None:
             watchdog.log = log
         call = _Call(rid=rid, kind=events.kind_of(event), log=log, cold=cold, stream=stream,

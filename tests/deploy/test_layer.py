@@ -87,3 +87,14 @@ def test_arm64_layer_fits(tmp_path):
     """The real arm64 build (downloads ~110 MB of wheels): slimmed layer + code under 250 MB."""
     report = build.build("arm64", "3.12", tmp_path, do_zip=False)
     assert report["fits"] and report["total_bytes"] <= build.LIMIT_BYTES, report
+
+
+def test_the_resident_server_stays_out_of_the_layer():
+    """uvicorn and prometheus-client serve `make serve` and the container (the `serve` extra);
+    Lambda's zip never runs them, so the layer does not carry them."""
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert {"uvicorn", "prometheus-client"} <= {d.split(">")[0].split("=")[0] for d in extras["serve"]}
+    names = {d.split(">")[0].split("=")[0].split("<")[0].lower() for d in build.runtime_deps()}
+    assert not names & {"uvicorn", "prometheus-client", "h11", "starlette"}, names

@@ -11,7 +11,6 @@ valid comes back valid because of the mask."""
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -45,17 +44,11 @@ THINK = {"on": {}, "off": {"reasoning_effort": "none"}}
 # ----------------------------------------------------------------------------- the servers
 
 def _in_process(path: Path) -> Iterator[str]:
-    from function.serve import make_server
+    from function.serve import serve_in_thread
 
     rt = warm_runtime(path)
-    srv = make_server("127.0.0.1", 0, lambda_handler=rt.handle, stream_handler=rt.handle_stream)
-    th = threading.Thread(target=srv.serve_forever, daemon=True)
-    th.start()
-    try:
-        yield f"http://127.0.0.1:{srv.server_address[1]}/v1"
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    with serve_in_thread(rt) as (url, _):
+        yield url
 
 
 def _make_serve(path: Path) -> Iterator[str]:

@@ -113,9 +113,7 @@ def test_stream_arrives_while_the_engine_decodes(tiny_model_path, monkeypatch):
     """`make serve`'s server in this process (same clock as the engine): the openai client's first
     text chunk arrives before the engine decodes its last token (the engine's own timestamps:
     Session.step wrapped), and the chunks arrive spread over the decode, not in one burst."""
-    import threading
-
-    from function.serve import make_server
+    from function.serve import serve_in_thread
 
     rt = warm_runtime(tiny_model_path, STREAM_KEEPALIVE_S="0")
     monkeypatch.setattr(rt.engine.tokenizer, "eog_ids", frozenset())
@@ -128,12 +126,8 @@ def test_stream_arrives_while_the_engine_decodes(tiny_model_path, monkeypatch):
         return out
 
     monkeypatch.setattr(rt.engine.session, "step", timed)
-    srv = make_server("127.0.0.1", 0, lambda_handler=rt.handle, stream_handler=rt.handle_stream)
-    th = threading.Thread(target=srv.serve_forever, daemon=True)
-    th.start()
-    try:
-        c = openai.OpenAI(base_url=f"http://127.0.0.1:{srv.server_address[1]}/v1", api_key="unused",
-                          max_retries=0, timeout=120)
+    with serve_in_thread(rt) as (url, _):
+        c = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=120)
         arrivals = []
         stream = c.chat.completions.create(model="warmllm", messages=[{"role": "user", "content": "Count"}],
                                            max_tokens=48, temperature=1.0, seed=1, stream=True)
@@ -145,9 +139,6 @@ def test_stream_arrives_while_the_engine_decodes(tiny_model_path, monkeypatch):
         decode = list(steps)                # the stream's decode steps only
         plain = c.chat.completions.create(model="warmllm", messages=[{"role": "user", "content": "x"}], max_tokens=2)
         assert plain.object == "chat.completion"
-    finally:
-        srv.shutdown()
-        srv.server_close()
     assert len(decode) == 47 and len(arrivals) >= 10
     assert arrivals[0] < decode[-1], "the first chunk must arrive before the last token is decoded"
     assert sum(a < decode[-1] for a in arrivals) >= len(arrivals) // 2
