@@ -42,6 +42,7 @@ from engine.settings import env_value
 from .__main__ import LocalContext
 from .errors import APIError
 from .limits import too_large
+from .metrics import ServeMetrics
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -158,9 +159,8 @@ class _Load:
 class ServerApp:
     """The ASGI application around one `Runtime` (see the module doc)."""
 
-    def __init__(self, runtime: Runtime, settings: ServeSettings | None = None, metrics: Any = None) -> None:
-        from .metrics import ServeMetrics
-
+    def __init__(self, runtime: Runtime, settings: ServeSettings | None = None,
+                 metrics: ServeMetrics | None = None) -> None:
         self.runtime = runtime
         self.settings = settings or ServeSettings()
         self.load = _Load()
