@@ -14,7 +14,7 @@ SAM_VENV  := .venv-sam
 SAM       := $(SAM_VENV)/bin/sam
 SAM_STAMP := $(SAM_VENV)/.installed
 
-.PHONY: lint test-arm64 test-arm64-ci test-avx2 install run generate test test-oracle oracle-fixtures bench bench-coldstart bench-arm64 serve layer model real-model clean \
+.PHONY: lint test-arm64 test-arm64-ci test-avx2 install run generate test test-oracle oracle-fixtures bench bench-coldstart bench-serve bench-arm64 serve layer model real-model clean \
         deploy-zip deploy-image image-model sam build-WarmLlmFunction build-DepsLayer
 
 $(STAMP): pyproject.toml
@@ -111,6 +111,15 @@ bench: $(STAMP)
 bench-coldstart: $(STAMP)
 	$(PY) -m bench.build_llama native
 	$(PY) -m bench.coldstart $(BENCH_COLDSTART_ARGS)
+
+# The resident server under load (issue 55): ours and mainline's llama-server (a cmake build of the
+# same sdist with the server on, ~15 min the first time, cached in ~/.cache/warmllm/peers) on the
+# same file and threads: aggregate tok/s at 1, 4, 16 concurrent streams, time between tokens and
+# TTFT p50/p99, then Poisson arrivals. BENCH_SERVE_ARGS: e.g. --rate 0.5 --duration 60.
+# Receipt: bench/results/serve-*.json.
+bench-serve: $(STAMP)
+	$(PY) -m bench.peers build-server
+	$(PY) -m bench.serve $(BENCH_SERVE_ARGS)
 
 # Estimated Graviton cycles, ours and llama.cpp's aarch64 build, from instruction counts under a
 # qemu plugin (docs/arm64.md, "The emulated cost model"). Root for apt; ~1 h on 2 cores.

@@ -147,6 +147,36 @@ def build(peer: Peer, variant: str, jobs: int | None = None) -> Path:
     return binary
 
 
+def server_cmake_args(peer: Peer, variant: str, src: Path, build: Path) -> list[str]:
+    """The peer's options with the server and the tools on (the server lives under tools/)."""
+    options = [o for o in peer.cmake if not o.startswith(("-DLLAMA_BUILD_SERVER=", "-DLLAMA_BUILD_TOOLS="))]
+    return ["cmake", "-S", str(src), "-B", str(build), *options, "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TOOLS=ON",
+            *VARIANTS[variant]]
+
+
+def server_binary(peer: Peer, variant: str) -> Path:
+    return build_dir(peer, variant) / "build-server" / "bin" / "llama-server"
+
+
+def build_server(peer: Peer, variant: str, jobs: int | None = None) -> Path:
+    """`llama-server` of `peer` for `variant` (make bench-serve's peer; a no-op when built), from the
+    same unpacked sdist as its llama-bench, in a build folder of its own: the server on, still no
+    network libraries (plain HTTP on loopback is all the bench speaks)."""
+    binary = server_binary(peer, variant)
+    if binary.is_file():
+        return binary
+    where = build_dir(peer, variant)
+    where.mkdir(parents=True, exist_ok=True)
+    src = unpack(peer, fetch_sdist(peer), where)
+    write_build_info(src, peer.version, shutil.which("cc") or "cc")
+    subprocess.run(server_cmake_args(peer, variant, src, where / "build-server"), check=True)
+    subprocess.run(["cmake", "--build", str(where / "build-server"), "--target", "llama-server", "-j",
+                    str(jobs or os.cpu_count() or 2)], check=True)
+    if not binary.is_file():
+        raise FileNotFoundError(f"the build finished without {binary}")
+    return binary
+
+
 # ----------------------------------------------------------------------------- running
 
 def llama_bench_args(peer: Peer, binary: Path, model: str, threads: int, p: int, n: int, depth: int = 0,
@@ -200,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     b = sub.add_parser("build")
     b.add_argument("--peers", nargs="*", default=list(PEERS), choices=list(PEERS))
     b.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
+    bs = sub.add_parser("build-server", help="mainline llama.cpp's llama-server (make bench-serve's peer)")
+    bs.add_argument("--variants", nargs="*", default=["native"], choices=list(VARIANTS))
     r = sub.add_parser("run")
     r.add_argument("--peer", choices=list(PEERS), required=True)
     r.add_argument("--variant", choices=list(VARIANTS), default="native")
@@ -213,6 +245,10 @@ def main(argv: list[str] | None = None) -> int:
         for key in a.peers:
             for v in a.variants:
                 print(f"{PEERS[key].name} {v}: {build(PEERS[key], v)}", flush=True)
+        return 0
+    if a.cmd == "build-server":
+        for v in a.variants:
+            print(f"llama-server {v}: {build_server(PEERS['mainline'], v)}", flush=True)
         return 0
     print(json.dumps(run(PEERS[a.peer], a.variant, a.model, a.threads, a.p, a.n, a.depth)))
     return 0

@@ -98,3 +98,14 @@ def test_repetitions_reach_llama_bench_and_the_receipt(monkeypatch):
     P.run(P.PEERS["mainline"], "native", "m.gguf", 2, 512, 128)
     assert seen[1][seen[1].index("-r") + 1] == "3"
     assert parse_args([]).peer_repetitions == 3 and parse_args(["--peer-repetitions", "1"]).peer_repetitions == 1
+
+
+def test_the_server_build_turns_the_server_on_and_keeps_the_rest():
+    from bench.peers import PEERS, server_binary, server_cmake_args
+
+    peer = PEERS["mainline"]
+    args = server_cmake_args(peer, "avx2", Path("/src"), Path("/b"))
+    assert args[:5] == ["cmake", "-S", "/src", "-B", "/b"]
+    assert "-DLLAMA_BUILD_SERVER=ON" in args and "-DLLAMA_BUILD_SERVER=OFF" not in args
+    assert args.count("-DLLAMA_BUILD_TOOLS=ON") == 1 and "-DLLAMA_CURL=OFF" in args and "-DGGML_AVX512=OFF" in args
+    assert server_binary(peer, "native").parts[-3:] == ("build-server", "bin", "llama-server")
