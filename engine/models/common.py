@@ -59,6 +59,14 @@ class CapturingForward:
         """
         return self.forward_capturing(tokens, state, (), logits=logits, hook=hook)[0]
 
+    def decode_batch(self, tokens: Sequence[int], states: Sequence[State]) -> np.ndarray:
+        """One new token for each of B sequences, each on its own state (advanced in place):
+        logits (B, n_vocab), row b what `forward` of tokens[b] on states[b] gives. This default
+        runs the sequences one after another; a model overrides it to run each layer for all of
+        them together (continuous batching, the resident server)."""
+        rows = [self.forward(np.asarray([t], dtype=np.int64), st) for t, st in zip(tokens, states)]
+        return np.stack([r for r in rows if r is not None])
+
 
 def empty_attention(n_head_kv: int, head_dim: int) -> AttentionState:
     """An attention layer's state before any token: K and V of no positions."""
@@ -102,12 +110,19 @@ def output_logits(x: np.ndarray, norm: np.ndarray, output: Linear, eps: float, l
     return out[0] if logits == "last" else out
 
 
+def each_row(lin: Linear, h: np.ndarray) -> np.ndarray:
+    """`lin` over the rows of `h` one at a time: each row's product is the decode kernel's, bit for
+    bit what the row alone gets (a multi-row product accumulates in another order), while the
+    matrix, read for the first row, is still in the cache for the next."""
+    if h.shape[0] == 1:
+        return lin(h)
+    return np.concatenate([lin(h[i:i + 1]) for i in range(h.shape[0])], axis=0)
+
+
 def lm_head(output: Linear, h: np.ndarray) -> np.ndarray:
     """Logits of the normed positions `h` (T, n_embd). Row blocks keep the dequantized head
     bounded when all positions are asked for."""
-    if h.shape[0] == 1:
-        return output(h)
-    return np.concatenate([output(h[i:i + 1]) for i in range(h.shape[0])], axis=0)
+    return each_row(output, h)
 
 
 def attend(st: AttentionState, q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int) -> np.ndarray:
