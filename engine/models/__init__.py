@@ -58,6 +58,11 @@ class LanguageModel(Protocol):
         """`forward`, also returning copies of the state after each position in `capture`."""
         ...
 
+    def decode_batch(self, tokens: Sequence[int], states: Sequence[State]) -> np.ndarray:
+        """One token for each of B sequences on its own state (advanced in place): (B, n_vocab)
+        logits, row b bit for bit `forward` of tokens[b] on states[b] (engine/batch.py)."""
+        ...
+
 
 @dataclass(frozen=True)
 class Architecture:
