@@ -130,21 +130,27 @@ def cmake_args(peer: Peer, variant: str, src: Path, build: Path) -> list[str]:
     return ["cmake", "-S", str(src), "-B", str(build), *peer.cmake, *VARIANTS[variant]]
 
 
-def build(peer: Peer, variant: str, jobs: int | None = None) -> Path:
-    """`llama-bench` of `peer` for `variant` (a no-op when built)."""
-    binary = bench_binary(peer, variant)
+def _build_target(peer: Peer, variant: str, folder: str, args, target: str, binary: Path,
+                  jobs: int | None) -> Path:
+    """Configure `peer`'s unpacked sdist into `folder` with `args(peer, variant, src, build)` and build
+    `target` (a no-op when `binary` is there)."""
     if binary.is_file():
         return binary
     where = build_dir(peer, variant)
     where.mkdir(parents=True, exist_ok=True)
     src = unpack(peer, fetch_sdist(peer), where)
     write_build_info(src, peer.version, shutil.which("cc") or "cc")
-    subprocess.run(cmake_args(peer, variant, src, where / "build"), check=True)
-    subprocess.run(["cmake", "--build", str(where / "build"), "--target", "llama-bench", "-j",
+    subprocess.run(args(peer, variant, src, where / folder), check=True)
+    subprocess.run(["cmake", "--build", str(where / folder), "--target", target, "-j",
                     str(jobs or os.cpu_count() or 2)], check=True)
     if not binary.is_file():
         raise FileNotFoundError(f"the build finished without {binary}")
     return binary
+
+
+def build(peer: Peer, variant: str, jobs: int | None = None) -> Path:
+    """`llama-bench` of `peer` for `variant` (a no-op when built)."""
+    return _build_target(peer, variant, "build", cmake_args, "llama-bench", bench_binary(peer, variant), jobs)
 
 
 def server_cmake_args(peer: Peer, variant: str, src: Path, build: Path) -> list[str]:
@@ -162,19 +168,8 @@ def build_server(peer: Peer, variant: str, jobs: int | None = None) -> Path:
     """`llama-server` of `peer` for `variant` (make bench-serve's peer; a no-op when built), from the
     same unpacked sdist as its llama-bench, in a build folder of its own: the server on, still no
     network libraries (plain HTTP on loopback is all the bench speaks)."""
-    binary = server_binary(peer, variant)
-    if binary.is_file():
-        return binary
-    where = build_dir(peer, variant)
-    where.mkdir(parents=True, exist_ok=True)
-    src = unpack(peer, fetch_sdist(peer), where)
-    write_build_info(src, peer.version, shutil.which("cc") or "cc")
-    subprocess.run(server_cmake_args(peer, variant, src, where / "build-server"), check=True)
-    subprocess.run(["cmake", "--build", str(where / "build-server"), "--target", "llama-server", "-j",
-                    str(jobs or os.cpu_count() or 2)], check=True)
-    if not binary.is_file():
-        raise FileNotFoundError(f"the build finished without {binary}")
-    return binary
+    return _build_target(peer, variant, "build-server", server_cmake_args, "llama-server",
+                         server_binary(peer, variant), jobs)
 
 
 # ----------------------------------------------------------------------------- running

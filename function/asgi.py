@@ -40,7 +40,7 @@ from engine.jsonlog import emit
 from engine.settings import env_value
 
 from .__main__ import LocalContext
-from .errors import APIError
+from .errors import APIError, unauthorized
 from .limits import too_large
 from .metrics import ServeMetrics
 
@@ -332,9 +332,7 @@ class ServerApp:
             auth = next((v for k, v in headers if k.lower() == "authorization"), "")
             token = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
             if not hmac.compare_digest(token.encode(), key.encode()):
-                body = json.dumps({"error": {"message": "missing or wrong API key: send 'Authorization: Bearer <key>'",
-                                             "type": "invalid_request_error", "param": None,
-                                             "code": "invalid_api_key"}}).encode()
+                body = json.dumps(unauthorized().body()).encode()
                 await send({"type": "http.response.start", "status": 401,
                             "headers": [(b"content-type", b"application/json")]})
                 await send({"type": "http.response.body", "body": body})
