@@ -10,6 +10,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from engine.jsonlog import emit
+
 
 def _load(args: argparse.Namespace, warm_up: bool = False):
     from engine.generate import Engine
@@ -43,14 +45,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
     res = eng.generate(prompt, max_tokens=args.max_tokens, sampling=sampling, stop=args.stop or (),
                        on_text=stream)
     if args.json:
-        print(json.dumps({
+        # through the one log writer: the snapshot store's thread may log while this is written
+        emit({
             "text": res.text, "ids": res.token_ids, "finish_reason": res.finish_reason,
             "prompt_tokens": res.prompt_tokens, "completion_tokens": res.completion_tokens,
             "prefill_mode": res.prefill.mode,
             "timings": {"load_ms": round(eng.load_ms, 1), "compile_ms": round(eng.compile_ms, 1),
                         "tokenize_ms": round(res.tokenize_ms, 2), "prefill_ms": round(res.prefill.prefill_ms, 1),
                         "decode_ms": round(res.decode_ms, 1)},
-        }, ensure_ascii=False))
+        })
     else:
         print()
     return 0

@@ -290,13 +290,16 @@ def test_chat_turn_two_extends_through_the_handler(tiny_model_path, monkeypatch,
 CHILD = textwrap.dedent("""
     import json, os, sys
     from engine.generate import Engine
+    from engine.jsonlog import emit
     from engine.settings import Settings
     eng = Engine.load(sys.argv[1], warm_up=False, settings=Settings.from_env(os.environ))  # the edge
     msgs = json.loads(sys.argv[2])
     res = eng.generate(eng.chat_prompt(msgs), max_tokens=3)
-    print(json.dumps({"mode": res.prefill.mode, "reused": res.prefill.reused_tokens, "tier": res.prefill.snapshot_tier,
-                      "bytes": res.prefill.snapshot_or_checkpoint_bytes, "restore_ms": res.prefill.restore_ms,
-                      "ids": res.token_ids}))
+    # emit, not print: print writes the line and its newline apart, and the snapshot writer
+    # thread's line can land between them (seen in CI, stdout unbuffered)
+    emit({"mode": res.prefill.mode, "reused": res.prefill.reused_tokens, "tier": res.prefill.snapshot_tier,
+          "bytes": res.prefill.snapshot_or_checkpoint_bytes, "restore_ms": res.prefill.restore_ms,
+          "ids": res.token_ids})
 """)
 
 
