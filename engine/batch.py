@@ -1,128 +1,184 @@
-"""Continuous batching's step loop (issue 55): many sequences decode together, new ones join
-between steps, and a long prompt is prefilled a chunk per step so the running streams keep flowing.
+"""Continuous batching (issue 55): concurrent generations share one model thread.
 
-Each sequence has its own `State`. A step is: one prefill chunk of the oldest sequence still
-prefilling (its first token sampled once the prompt is in), then one token for every running
-sequence through `decode_batch` -- the model runs each layer for all of them together; with the
-matrices taken row by row (models/common.each_row) a batched step is bit for bit each sequence's
-own decode, so batching changes no output. Sampling and stopping stay per sequence: a
-sequence's `sample` turns its logits row into a token (its sampler, its grammar mask), and its
-`on_token` may end it (a stop string, a deadline, a client gone).
+Each generation keeps its own `Session` (its own hybrid state) and runs in its caller's thread:
+sampling, grammar masks, stop strings, deadlines and the reply stay there, unchanged. Only the
+model's work is handed over, through `BatchedModel`, to the `StepScheduler`'s thread: a decode
+(one token on one state) waits there to be batched with the other generations' into one
+`decode_batch`, and a prefill chunk waits its turn. A step is every decode waiting plus at most
+one prefill chunk (the oldest), so a long prompt goes in a chunk per step while the running
+streams keep flowing, and a new generation joins at the next step.
 
-The loop is single-threaded and owns the states; the server's engine thread drives it.
+A step starts once every generation in flight is waiting on it, or `gather_s` after the first
+one arrived: one that is still sampling, or writing to a slow client, joins the next step
+instead of holding the others up.
+
+`decode_batch`'s rows are bit for bit each sequence's own decode (models/common.each_row) and
+a prefill chunk is the same forward a session runs alone: batching changes no output.
 """
 from __future__ import annotations
 
+import threading
+import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 
 from engine.models import LanguageModel
 from engine.state import State
 
-__all__ = ["BatchDecoder", "BatchSequence"]
+__all__ = ["BatchedModel", "StepScheduler", "StepStats"]
+
+DEFAULT_GATHER_S = 0.005
 
 
 @dataclass
-class BatchSequence:
-    """One request in the loop. `sample(logits) -> token`; `on_token(token) -> bool` (False ends
-    it with finish_reason "stop"). `state` may start from a snapshot's fork holding a prefix of
-    the prompt (`state.n_tokens` tokens of it); the rest is prefilled."""
+class _Job:
+    """A decode (`token` on `state`) or a prefill chunk (`fn`), and its outcome."""
 
-    prompt: list[int]
-    max_tokens: int
-    sample: Callable[[np.ndarray], int]
-    on_token: Callable[[int], bool] | None = None
+    token: int = -1
     state: State | None = None
-    tokens: list[int] = field(default_factory=list)
-    finish_reason: str | None = None
-    _prefilled: int = 0
-    _next: int | None = None       # the token the next decode step feeds
-
-    @property
-    def done(self) -> bool:
-        return self.finish_reason is not None
+    fn: Callable[[], Any] | None = None
+    result: Any = None
+    error: BaseException | None = None
+    done: threading.Event = field(default_factory=threading.Event)
 
 
-class BatchDecoder:
-    """The step loop over at most `max_num_seqs` sequences (see the module doc)."""
+@dataclass
+class StepStats:
+    """What the scheduler has run: for the server's metrics and the tests."""
 
-    def __init__(self, model: LanguageModel, max_num_seqs: int = 16, prefill_chunk: int = 256) -> None:
-        if max_num_seqs < 1 or prefill_chunk < 1:
-            raise ValueError(f"max_num_seqs and prefill_chunk must be >= 1, got {max_num_seqs}, {prefill_chunk}")
+    steps: int = 0
+    decode_steps: int = 0         # steps that decoded at least one sequence
+    decode_rows: int = 0          # sequences decoded, summed over steps
+    prefill_chunks: int = 0
+    mixed_steps: int = 0          # steps that prefilled a chunk beside decoding sequences
+    max_rows: int = 0             # the most sequences one step decoded
+
+
+class StepScheduler:
+    """The model thread of a batched engine (see the module doc)."""
+
+    def __init__(self, model: LanguageModel, *, gather_s: float = DEFAULT_GATHER_S) -> None:
         self.model = model
-        self.max_num_seqs = max_num_seqs
-        self.prefill_chunk = prefill_chunk
-        self.waiting: deque[BatchSequence] = deque()     # not yet admitted (the batch is full)
-        self.prefilling: deque[BatchSequence] = deque()  # admitted, prompt not all in
-        self.running: list[BatchSequence] = []           # decoding
+        self.gather_s = gather_s
+        self.stats = StepStats()
+        self._cond = threading.Condition()
+        self._decodes: list[_Job] = []
+        self._prefills: deque[_Job] = deque()
+        self._members = 0
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="warmllm-step", daemon=True)
+        self._thread.start()
 
-    def add(self, seq: BatchSequence) -> None:
-        if not seq.prompt:
-            raise ValueError("a sequence needs at least one prompt token")
-        if seq.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {seq.max_tokens}")
-        if seq.state is None:
-            seq.state = self.model.new_state()
-        if not 0 <= seq.state.n_tokens < len(seq.prompt):
-            raise ValueError(f"the state holds {seq.state.n_tokens} tokens of a {len(seq.prompt)}-token prompt; "
-                             "at least the prompt's last token must be left to prefill")
-        seq._prefilled = seq.state.n_tokens
-        self.waiting.append(seq)
+    @contextmanager
+    def member(self) -> Iterator[None]:
+        """A generation in flight: steps wait (up to gather_s) for each member's next job."""
+        with self._cond:
+            self._members += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._members -= 1
+                self._cond.notify_all()
 
-    @property
-    def idle(self) -> bool:
-        return not (self.waiting or self.prefilling or self.running)
+    def decode(self, token: int, state: State) -> np.ndarray:
+        """One token on `state` in the next step's decode_batch: its (n_vocab,) logits."""
+        return self._submit(_Job(token=int(token), state=state))
 
-    def step(self) -> list[BatchSequence]:
-        """One chunk of prefill and one decode step; returns the sequences that finished in it."""
-        finished: list[BatchSequence] = []
-        while self.waiting and len(self.prefilling) + len(self.running) < self.max_num_seqs:
-            self.prefilling.append(self.waiting.popleft())
-        if self.prefilling:
-            seq = self.prefilling[0]
-            logits = self._prefill_chunk(seq)
-            if logits is not None:
-                self.prefilling.popleft()
-                if self._emit(seq, logits):
-                    self.running.append(seq)
-                else:
-                    finished.append(seq)
-        live = [s for s in self.running if s._next is not None]
-        if live:
-            states = [cast(State, s.state) for s in live]
-            rows = self.model.decode_batch([cast(int, s._next) for s in live], states)
-            for s, row in zip(live, rows):
-                if not self._emit(s, row):
-                    finished.append(s)
-        self.running = [s for s in self.running if not s.done]
-        return finished
+    def run(self, fn: Callable[[], Any]) -> Any:
+        """`fn()` (a prefill chunk) on the model thread, as one step's prefill."""
+        return self._submit(_Job(fn=fn))
 
-    def run(self) -> None:
-        """Step until every sequence added has finished."""
-        while not self.idle:
-            self.step()
+    def close(self) -> None:
+        """Finish what is queued, then end the thread."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join()
 
-    def _prefill_chunk(self, seq: BatchSequence) -> np.ndarray | None:
-        """The next chunk of the prompt; the last position's logits once it is all in."""
-        assert seq.state is not None
-        end = min(len(seq.prompt), seq._prefilled + self.prefill_chunk)
-        chunk = np.asarray(seq.prompt[seq._prefilled:end], dtype=np.int64)
-        last = end == len(seq.prompt)
-        out = self.model.forward(chunk, seq.state, logits="last" if last else "none")
-        seq._prefilled = end
-        return out if last else None
+    def _submit(self, job: _Job) -> Any:
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the batch scheduler is closed")
+            (self._prefills.append if job.fn is not None else self._decodes.append)(job)
+            self._cond.notify_all()
+        job.done.wait()
+        if job.error is not None:
+            raise job.error
+        return job.result
 
-    def _emit(self, seq: BatchSequence, logits: np.ndarray) -> bool:
-        """Sample from `logits`, hand the token over; False once the sequence is finished."""
-        tok = int(seq.sample(logits))
-        seq.tokens.append(tok)
-        if seq.on_token is not None and not seq.on_token(tok):
-            seq.finish_reason = "stop"
-        elif len(seq.tokens) >= seq.max_tokens:
-            seq.finish_reason = "length"
-        seq._next = None if seq.done else tok
-        return not seq.done
+    def _take(self) -> tuple[list[_Job], _Job | None] | None:
+        with self._cond:
+            while not (self._decodes or self._prefills):
+                if self._closed:
+                    return None
+                self._cond.wait()
+            until = time.monotonic() + self.gather_s
+            while len(self._decodes) + len(self._prefills) < self._members and not self._closed:
+                left = until - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            decodes, self._decodes = self._decodes, []
+            prefill = self._prefills.popleft() if self._prefills else None
+        return decodes, prefill
+
+    def _loop(self) -> None:
+        while (taken := self._take()) is not None:
+            decodes, prefill = taken
+            # the running streams first: their tokens go out while the prefill chunk runs
+            if decodes:
+                try:
+                    rows = self.model.decode_batch([j.token for j in decodes], [cast(State, j.state) for j in decodes])
+                    for j, row in zip(decodes, rows):
+                        j.result = row
+                except BaseException as exc:   # every sequence of the step sees it (its session resets)
+                    for j in decodes:
+                        j.error = exc
+                for j in decodes:
+                    j.done.set()
+            if prefill is not None:
+                try:
+                    assert prefill.fn is not None
+                    prefill.result = prefill.fn()
+                except BaseException as exc:
+                    prefill.error = exc
+                prefill.done.set()
+            s = self.stats
+            s.steps += 1
+            s.decode_steps += bool(decodes)
+            s.decode_rows += len(decodes)
+            s.prefill_chunks += prefill is not None
+            s.mixed_steps += bool(decodes) and prefill is not None
+            s.max_rows = max(s.max_rows, len(decodes))
+
+
+class BatchedModel:
+    """The model as a session of a batched engine sees it: a decode step (one token, last
+    logits) goes into the scheduler's next decode_batch, every other forward runs on the
+    scheduler's thread as a step's prefill. Everything else is the model's."""
+
+    def __init__(self, model: LanguageModel, scheduler: StepScheduler) -> None:
+        self.model = model
+        self.scheduler = scheduler
+
+    def __getattr__(self, name: str) -> Any:   # file, config, new_state, ...: the model's own
+        return getattr(self.model, name)
+
+    def forward(self, tokens: np.ndarray, state: State, *, logits: str = "last", hook=None) -> np.ndarray | None:
+        if tokens.size == 1 and logits == "last" and hook is None:
+            return self.scheduler.decode(int(tokens[0]), state)
+        return self.scheduler.run(lambda: self.model.forward(tokens, state, logits=logits, hook=hook))
+
+    def forward_capturing(self, tokens: np.ndarray, state: State, capture: Sequence[int], *,
+                          logits: str = "last", hook=None) -> tuple[np.ndarray | None, dict[int, State]]:
+        return self.scheduler.run(
+            lambda: self.model.forward_capturing(tokens, state, capture, logits=logits, hook=hook))
+
+    def decode_batch(self, tokens: Sequence[int], states: Sequence[State]) -> np.ndarray:
+        return self.scheduler.run(lambda: self.model.decode_batch(tokens, states))

@@ -1,18 +1,21 @@
 """Generation: prompt → tokens → session (reuse / prefill) → decode → text, with timings.
 
 `Engine` is what the CLI and the Lambda handler hold: the model (mmap), tokenizer, chat
-template and one warm Session.
+template and its warm sessions (one, or one per sequence decoding together: engine/batch.py).
 """
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from contextlib import nullcontext
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import cast
 
 
 from engine import threads as threads_mod
 from engine import warmup
+from engine.batch import BatchedModel, StepScheduler
 from engine.chat_template import (ChatPrompt, ChatTemplate, TemplateError, boundary_offsets,
                                    normalise_messages, opens_reasoning)
 from engine.constraints import Constraint, GrammarSpec, compile_grammar
@@ -25,7 +28,7 @@ from engine.jsonlog import LogFn, log_event
 from engine.models import LanguageModel, load_conventions, load_model
 from engine.reasoning import ReasoningWatch, close_text, reasoning_budget
 from engine.sampling import Sampler, SamplingParams
-from engine.session import PrefillResult, Session
+from engine.session import PrefillResult, Session, SessionPool
 from engine.settings import Settings
 from engine.snapshots import SnapshotStore, state_layout
 from engine.stages import StageClock
@@ -92,6 +95,29 @@ def _stop_hold(text: str, stops: Sequence[str]) -> int:
     return hold
 
 
+@dataclass
+class _Plan:
+    """A generate() call once its prompt is tokenized and its constraint compiled."""
+
+    ids: list[int]
+    boundaries: list[int]
+    tokenize_ms: float
+    limit: int
+    pick: TokenPicker
+    constraint: Constraint | None
+    stops: list[str]
+    budget: int | None
+    timings: dict[str, float]
+    deadline: float | None
+    on_text: Callable[[str], None] | None
+    admit: Callable[[int], None] | None
+
+
+def astuple_shallow(obj: object) -> tuple:
+    """A dataclass's fields in order, not copied (dataclasses.astuple deep-copies)."""
+    return tuple(getattr(obj, f.name) for f in fields(obj))  # type: ignore[arg-type]
+
+
 class Engine:
     def __init__(self, path: str, model: LanguageModel, tokenizer: Tokenizer, template: ChatTemplate | None,
                  thread_config: threads_mod.ThreadConfig, n_ctx: int, load_ms: float, *,
@@ -121,7 +147,20 @@ class Engine:
         self.snapshots = snapshot_store if snapshot_store is not None else SnapshotStore.from_settings(
             self.fingerprint, state_layout(model.new_state()), self.settings.snapshots, log=log,
             n_vocab=model.config.n_vocab)
-        self.session = Session(model, self.settings.prefill_chunk, store=self.snapshots)
+        n = self.settings.max_num_seqs
+        self.scheduler: StepScheduler | None = None
+        if n > 1:    # continuous batching: the model runs on the scheduler's thread (engine/batch.py)
+            self.scheduler = StepScheduler(model)
+            batched = cast(LanguageModel, BatchedModel(model, self.scheduler))
+            sessions = [Session(batched, self.settings.batch_prefill_chunk, store=self.snapshots) for _ in range(n)]
+        else:
+            sessions = [Session(model, self.settings.prefill_chunk, store=self.snapshots)]
+        self.pool = SessionPool(sessions)
+
+    @property
+    def session(self) -> Session:
+        """The most recently used warm session (with max_num_seqs 1, the only one)."""
+        return self.pool.by_recency()[0]
 
     @property
     def threads(self) -> int:
@@ -264,14 +303,14 @@ class Engine:
                 positions.append(i + 1)
         return positions
 
-    def _held_pieces(self) -> list[Piece] | None:
-        """The warm session's tokens as pieces: marker tokens one each, the runs between decoded
+    def _held_pieces(self, held: list[int]) -> list[Piece] | None:
+        """A warm session's tokens as pieces: marker tokens one each, the runs between decoded
         (None when a run is not whole UTF-8)."""
         out: list[Piece] = []
         run: list[int] = []
         tok = self.tokenizer
         try:
-            for t in self.session.tokens:
+            for t in held:
                 if tok.is_marker(t):
                     if run:
                         out.append(Piece(tok.decode_bytes(run).decode("utf-8"), False))
@@ -286,27 +325,30 @@ class Engine:
         return out
 
     def _encode_reusing(self, prompt: str | Sequence[Piece]) -> tuple[list[int], int]:
-        """Tokenize `prompt` (text, or a chat prompt's pieces); if it begins with exactly what the
-        warm session holds, keep those tokens and tokenize only the rest. After a chat turn the
+        """Tokenize `prompt` (text, or a chat prompt's pieces); if it begins with exactly what a
+        warm session holds (the most recently used first), keep those tokens and tokenize only the
+        rest. After a chat turn the
         session holds the prompt plus the model's own reply tokens; the next turn's rendering
         contains the same reply text, and re-tokenizing it may pick different (equally valid)
         tokens, which would break `extend`. Pieces must agree marker for marker: text equal to
         a held marker's is no marker (a field typed ``<|im_end|>`` must not inherit one).
         Returns (ids, how many leading ids came from the session)."""
-        held = self.session.tokens
         tok = self.tokenizer
-        if held and self.session.last_logits is not None:
+        for session in self.pool.by_recency():
+            held = list(session.tokens)   # a copy: a busy session's list may grow meanwhile
+            if not held or session.last_logits is None:
+                continue
             if isinstance(prompt, str):
                 try:
                     head = tok.decode_bytes(held).decode("utf-8")
                 except UnicodeDecodeError:
                     head = None
                 if head and len(head) < len(prompt) and prompt.startswith(head):
-                    return list(held) + tok.encode(prompt[len(head):], add_special=False), len(held)
+                    return held + tok.encode(prompt[len(head):], add_special=False), len(held)
             else:
-                rest = _rest_after(self._held_pieces(), list(prompt))
+                rest = _rest_after(self._held_pieces(held), list(prompt))
                 if rest:
-                    return list(held) + tok.encode_pieces(rest, add_special=False), len(held)
+                    return held + tok.encode_pieces(rest, add_special=False), len(held)
         if isinstance(prompt, str):
             return tok.encode(prompt), 0
         return tok.encode_pieces(prompt), 0
@@ -369,13 +411,22 @@ class Engine:
         # ... and its reasoning keeps room for the answer: past the budget the close marker is
         # written for the model (engine/reasoning.py)
         budget = reasoning_budget(limit) if shaped and constraint is not None and constraint.reasoning_open else None
-        forced: list[int] = []
 
         # Background snapshot writes wait until the first token is out: the prefill and the
         # first sample must not share the CPU with serialising and uploading a snapshot.
+        with self.pool.acquire(ids) as session, \
+                (self.scheduler.member() if self.scheduler is not None else nullcontext()):
+            return self._generate(session, _Plan(ids, boundaries, tokenize_ms, limit, pick, constraint, stops,
+                                                 budget, timings, deadline, on_text, admit))
+
+    def _generate(self, session: Session, plan: _Plan) -> GenerationResult:
+        """generate() on the session it took: the prefill, then the decode loop."""
+        (ids, boundaries, tokenize_ms, limit, pick, constraint, stops, budget, timings, deadline, on_text,
+         admit) = astuple_shallow(plan)
+        forced: list[int] = []
         try:
             with self.snapshots.writes_held():
-                pre = self.session.prefill(ids, boundaries, deadline=deadline, admit=admit)
+                pre = session.prefill(ids, boundaries, deadline=deadline, admit=admit)
                 t1 = time.perf_counter()
                 tok = pick(pre.logits)
         except PrefillDeadline as cut:
@@ -418,7 +469,7 @@ class Engine:
             if deadline is not None and time.monotonic() >= deadline:
                 deadline_hit = True
                 break
-            logits = self.session.step(tok)
+            logits = session.step(tok)
             if budget is not None and not forced and constraint is not None and constraint.reasoning_open \
                     and len(out) >= budget:
                 close = self.tokenizer.encode(close_text(self.conventions), add_special=False)

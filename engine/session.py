@@ -15,9 +15,10 @@ piece: a 538-token agent prompt with checkpoints at 256, 504, 512 and 533 took 9
 """
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable, Sequence
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -262,3 +263,56 @@ class Session:
         assert logits is not None
         self.last_logits = logits
         return logits, cp_bytes, cp_ms
+
+
+class SessionPool:
+    """An engine's warm sessions, one per generation that may run at once (WARMLLM_MAX_NUM_SEQS;
+    one in the Lambda function). A generation takes the free session whose held tokens its
+    prompt begins with, the longest such, so a conversation's next turn extends where its last
+    one ran; else the one used least recently, so the others stay warm. It gives it back after."""
+
+    def __init__(self, sessions: Sequence[Session]) -> None:
+        if not sessions:
+            raise ValueError("a session pool needs at least one session")
+        self.sessions = list(sessions)
+        self._free = list(sessions)          # least recently released first
+        self._recent = list(sessions)        # most recently released first
+        self._cond = threading.Condition()
+
+    @property
+    def busy(self) -> int:
+        """Sessions taken by generations running now."""
+        with self._cond:
+            return len(self.sessions) - len(self._free)
+
+    def by_recency(self) -> list[Session]:
+        """Every session, the most recently used first (what tokenizing may reuse)."""
+        with self._cond:
+            return list(self._recent)
+
+    @contextmanager
+    def acquire(self, prompt: Sequence[int]) -> Iterator[Session]:
+        """A free session for `prompt` (waits for one when all are busy)."""
+        with self._cond:
+            while not self._free:
+                self._cond.wait()
+            session = max(self._free, key=lambda s: _held_prefix(s, prompt))
+            if _held_prefix(session, prompt) == 0:
+                session = self._free[0]
+            self._free.remove(session)
+        try:
+            yield session
+        finally:
+            with self._cond:
+                self._free.append(session)
+                self._recent.remove(session)
+                self._recent.insert(0, session)
+                self._cond.notify()
+
+
+def _held_prefix(session: Session, prompt: Sequence[int]) -> int:
+    """How many tokens `session` can extend from: all it holds when `prompt` begins with them."""
+    n = len(session.tokens)
+    if n == 0 or session.last_logits is None or n > len(prompt):
+        return 0
+    return n if list(prompt[:n]) == session.tokens else 0

@@ -18,6 +18,7 @@ T = TypeVar("T")
 
 DEFAULT_N_CTX = 32768
 DEFAULT_PREFILL_CHUNK = 512
+DEFAULT_BATCH_PREFILL_CHUNK = 64
 DEFAULT_SNAPSHOT_EVERY = 256
 DEFAULT_SNAPSHOT_MEMORY_MB = 512.0
 DEFAULT_SNAPSHOT_DIR_MB = 10240.0
@@ -118,6 +119,12 @@ class Settings:
     threads: int | None = None                      # WARMLLM_THREADS (None: the CPUs this process may use)
     n_ctx: int = DEFAULT_N_CTX                      # WARMLLM_N_CTX (capped by the model's training context)
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK      # WARMLLM_PREFILL_CHUNK (tokens per batched forward)
+    # WARMLLM_MAX_NUM_SEQS: generations decoding together (engine/batch.py); 1, the Lambda
+    # function's (one request per environment), runs the model on the caller's thread
+    max_num_seqs: int = 1
+    # WARMLLM_BATCH_PREFILL_CHUNK: with max_num_seqs > 1, the prompt tokens one step prefills
+    # beside the decoding streams (each chunk delays their next token by its time)
+    batch_prefill_chunk: int = DEFAULT_BATCH_PREFILL_CHUNK
     snapshots: SnapshotSettings = SnapshotSettings()
     template_max_chars: int = DEFAULT_TEMPLATE_MAX_CHARS   # TEMPLATE_MAX_CHARS (a chat template's output)
     template_time_s: float = DEFAULT_TEMPLATE_TIME_S       # TEMPLATE_TIME_S (rendering one chat prompt)
@@ -130,6 +137,8 @@ class Settings:
                               takes="a whole number >= 1", default_is="the CPUs this process may use"),
             n_ctx=positive_int(env, "WARMLLM_N_CTX", DEFAULT_N_CTX),
             prefill_chunk=positive_int(env, "WARMLLM_PREFILL_CHUNK", DEFAULT_PREFILL_CHUNK),
+            max_num_seqs=positive_int(env, "WARMLLM_MAX_NUM_SEQS", 1),
+            batch_prefill_chunk=positive_int(env, "WARMLLM_BATCH_PREFILL_CHUNK", DEFAULT_BATCH_PREFILL_CHUNK),
             snapshots=SnapshotSettings.from_env(env),
             template_max_chars=positive_int(env, "TEMPLATE_MAX_CHARS", DEFAULT_TEMPLATE_MAX_CHARS),
             template_time_s=positive(env, "TEMPLATE_TIME_S", DEFAULT_TEMPLATE_TIME_S),

@@ -5,11 +5,12 @@ Every request becomes the API Gateway HTTP API (payload 2.0) event the Lambda ha
 goes through ``Runtime.handle_stream`` -- the same routes, validation, errors, SSE and log line as
 in Lambda, one code path. What a resident server adds is here:
 
-* **One generation at a time, a bounded queue.** Generations (POST /v1/chat/completions and
-  /v1/completions) run one after another on the engine's thread; ``SERVE_QUEUE`` more may wait.
-  Beyond that the answer is 429 ``queue_full`` with ``Retry-After`` (the recent generation time x
-  the queue ahead, in seconds). /health, /v1/models and /metrics never queue behind a generation:
-  an orchestrator's health check must answer while one runs.
+* **Continuous batching, a bounded queue.** Up to ``WARMLLM_MAX_NUM_SEQS`` generations (POST
+  /v1/chat/completions and /v1/completions) run at once, each on a thread of its own, and decode
+  together: one step of the model for all of them (engine/batch.py); ``SERVE_QUEUE`` more may
+  wait. Beyond that the answer is 429 ``queue_full`` with ``Retry-After`` (the recent generation
+  time x the queue ahead per running slot, in seconds). /health, /v1/models and /metrics never
+  queue behind a generation: an orchestrator's health check must answer while they run.
 * **Slow and vanished clients.** The request headers must arrive within ``SERVE_HEADER_TIMEOUT_S``
   (uvicorn has no such deadline: `DeadlineH11Protocol`), the body within ``SERVE_BODY_TIMEOUT_S``
   (408 ``request_timeout``), at most ``MAX_BODY_BYTES`` of it is read (413). A client that reads
@@ -55,7 +56,7 @@ Send = Callable[[dict], Awaitable[None]]
 
 @dataclass(frozen=True)
 class ServeSettings:
-    queue: int = 16                  # SERVE_QUEUE: generations that may wait behind the running one
+    queue: int = 16                  # SERVE_QUEUE: generations that may wait behind the running ones
     header_timeout_s: float = 10.0   # SERVE_HEADER_TIMEOUT_S: request line + headers, from the first byte
     body_timeout_s: float = 30.0     # SERVE_BODY_TIMEOUT_S: the whole body, once the headers are in
     write_timeout_s: float = 60.0    # SERVE_WRITE_TIMEOUT_S: a client that takes nothing for this long is dropped
@@ -151,9 +152,11 @@ class _Load:
     running: int = 0
     recent_s: float = 0.0          # exponential average of a generation's time on the engine
 
+    slots: int = 1                 # generations that run at once (the engine's max_num_seqs)
+
     def retry_after_s(self) -> int:
         per = self.recent_s or 5.0
-        return max(1, min(300, math.ceil(per * (self.waiting + self.running))))
+        return max(1, min(300, math.ceil(per * (self.waiting + self.running) / self.slots)))
 
 
 class ServerApp:
@@ -163,11 +166,12 @@ class ServerApp:
                  metrics: ServeMetrics | None = None) -> None:
         self.runtime = runtime
         self.settings = settings or ServeSettings()
-        self.load = _Load()
-        self.metrics = metrics or ServeMetrics(self.load)
+        slots = runtime.settings.engine.max_num_seqs
+        self.load = _Load(slots=slots)
+        self.metrics = metrics or ServeMetrics(self.load, lambda: runtime.engine)
         runtime.request_observers.append(self.metrics.observe)
-        # the engine decodes one sequence at a time: one thread, FIFO
-        self._engine = ThreadPoolExecutor(max_workers=1, thread_name_prefix="warmllm-engine")
+        # a thread per generation that may run (each has a session of the engine's pool), FIFO
+        self._engine = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="warmllm-engine")
         self._side = ThreadPoolExecutor(max_workers=4, thread_name_prefix="warmllm-side")
         self._lock = threading.Lock()
 
@@ -222,19 +226,20 @@ class ServerApp:
             return None
         if path == "/metrics" and method in ("GET", "HEAD"):
             return await self._metrics(send, headers, method)
-        # every POST route generates (and one that does not exist answers at once from the engine's
-        # thread): a POST never runs beside another, whatever its path's spelling
+        # every POST route generates (and one that does not exist answers at once from an engine
+        # thread): POSTs count against the slots and the queue, whatever their path's spelling
         generation = method == "POST"
         if generation:
-            with self._lock:     # one running, SERVE_QUEUE waiting
-                full = self.load.waiting + self.load.running >= self.settings.queue + 1
+            with self._lock:     # WARMLLM_MAX_NUM_SEQS running, SERVE_QUEUE waiting
+                full = self.load.waiting + self.load.running >= self.settings.queue + self.load.slots
                 if not full:
                     self.load.waiting += 1
             if full:
                 retry = self.load.retry_after_s()
                 return await self._refuse(send, APIError(
-                    429, f"the server is busy: {self.load.running} generation running and {self.load.waiting} "
-                         f"waiting (SERVE_QUEUE={self.settings.queue}); retry in {retry} s",
+                    429, f"the server is busy: {self.load.running} generations running (WARMLLM_MAX_NUM_SEQS="
+                         f"{self.load.slots}) and {self.load.waiting} waiting (SERVE_QUEUE={self.settings.queue}); "
+                         f"retry in {retry} s",
                     "rate_limit_error", None, "queue_full"), rid, path, client, {"retry-after": str(retry)})
         target = path + ("?" + scope["query_string"].decode("latin-1") if scope.get("query_string") else "")
         host = next((v for k, v in headers if k.lower() == "host"), "127.0.0.1")

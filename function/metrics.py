@@ -6,16 +6,35 @@ the server's queue when scraped; counters add each finished request's line.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.core import CounterMetricFamily
 
 __all__ = ["ServeMetrics"]
 
 
+class _BatchCollector:
+    """The batch scheduler's counts (engine/batch.py), read when scraped: decode rows / decode
+    steps is the mean number of sequences a step decoded."""
+
+    def __init__(self, engine: Callable[[], Any]) -> None:
+        self.engine = engine
+
+    def collect(self):
+        stats = getattr(getattr(self.engine(), "scheduler", None), "stats", None)
+        for name, doc, attr in (("warmllm_decode_steps", "Model steps that decoded at least one sequence",
+                                 "decode_steps"),
+                                ("warmllm_decode_rows", "Sequences decoded, summed over the steps", "decode_rows"),
+                                ("warmllm_prefill_chunks", "Prompt chunks prefilled by the batch", "prefill_chunks")):
+            yield CounterMetricFamily(name, doc, value=getattr(stats, attr, 0))
+
+
 class ServeMetrics:
-    def __init__(self, load: Any) -> None:
+    def __init__(self, load: Any, engine: Callable[[], Any] = lambda: None) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
+        r.register(_BatchCollector(engine))
         Gauge("warmllm_queue_depth", "Generations waiting for the engine", registry=r).set_function(
             lambda: load.waiting)
         Gauge("warmllm_active_sequences", "Generations the engine is decoding", registry=r).set_function(

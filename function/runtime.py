@@ -135,7 +135,6 @@ class Runtime:
         self.init_extra: dict = {}          # e.g. the numba cache preparation, for the init line
         self.init_clock: StageClock | None = None   # the handler module's clock (app.py), for the first load
         self.init_cpu_flags: frozenset[str] = frozenset()   # the CPU the kernels were loaded on (check_cpu)
-        self._gen_lock = threading.Lock()
         self._state_lock = threading.Lock()
         self.requests_served = 0
         self.started_wall = time.time()
@@ -389,8 +388,8 @@ class Runtime:
         if call.stream is not None and greq.stream:
             call.writer = sse_mod.SSEWriter(call.stream, call.headers, keepalive_s=self.settings.stream_keepalive_s)
         try:
-            with self._gen_lock:
-                status, body, ctype, gen_headers = self._generate(eng, greq, call.log, call.dl, call.writer)
+            # concurrent calls (the resident server's) each take a session of the engine's pool
+            status, body, ctype, gen_headers = self._generate(eng, greq, call.log, call.dl, call.writer)
         finally:
             if call.writer is not None:
                 call.writer.close()

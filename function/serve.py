@@ -126,6 +126,9 @@ def serve_in_thread(runtime: Any, settings: ServeSettings | None = None, host: s
         runtime.request_observers.remove(app.metrics.observe)
 
 
+DEFAULT_MAX_NUM_SEQS = 16
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m function.serve", description=__doc__.splitlines()[0])
     ap.add_argument("--host", default="127.0.0.1", help="0.0.0.0 in a container")
@@ -141,6 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     # handlers do that while it runs, and re-raise the signal at the end under this handler
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _interrupt)
+    # a resident server decodes many streams together (engine/batch.py) unless told otherwise;
+    # the Lambda function, one request per environment, keeps the engine's default of one
+    os.environ.setdefault("WARMLLM_MAX_NUM_SEQS", str(DEFAULT_MAX_NUM_SEQS))
     try:
         from .app import RUNTIME       # module scope is the init: the model loads on its thread
 
@@ -153,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: setattr(server, "should_exit", True))
     sys.stderr.write(json.dumps({"event": "serve", "url": _url(sock), "queue": settings.queue,
+                                 "max_num_seqs": app.load.slots,
                                  "drain_s": settings.drain_s}) + "\n")
     sys.stderr.flush()
     server.run(sockets=[sock])

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.settings import Settings
 from function.asgi import ServeSettings
 from function.runtime import ROUTES
 from function.settings import FunctionSettings
@@ -48,6 +49,7 @@ def test_the_task_runs_the_server_on_the_port_it_maps_and_checks_a_real_route():
     assert c["stopTimeout"] > serve.drain_s and c["stopTimeout"] <= 120     # Fargate's ceiling
     fs = FunctionSettings.from_env(env)                       # and the function's own variables
     assert fs.model_s3_uri == env["MODEL_S3_URI"] and fs.stream_deadline_s == float(env["STREAM_DEADLINE_S"])
+    assert fs.engine.max_num_seqs == int(env["WARMLLM_MAX_NUM_SEQS"]) > 1      # the task batches
     assert task_definition()["runtimePlatform"]["cpuArchitecture"] == "ARM64"
 
 
@@ -62,6 +64,8 @@ def test_the_web_adapter_talks_to_the_entry_points_port_and_waits_for_health():
     assert table["AWS_LWA_READINESS_CHECK_HEALTHY_STATUS"] == "200"   # a 503 while loading is not ready
     assert table["AWS_LWA_INVOKE_MODE"] == "response_stream"
     assert ServeSettings.from_env({"SERVE_QUEUE": table["SERVE_QUEUE"]}).queue == 0
+    # one request per environment: one session (the server's own default would hold sixteen)
+    assert Settings.from_env({"WARMLLM_MAX_NUM_SEQS": table["WARMLLM_MAX_NUM_SEQS"]}).max_num_seqs == 1
     assert re.search(r"COPY --from=public\.ecr\.aws/awsguru/aws-lambda-adapter:\d+\.\d+\.\d+ /lambda-adapter "
                      r"/opt/extensions/lambda-adapter", DOC)
 

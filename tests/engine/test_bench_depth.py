@@ -14,7 +14,9 @@ from engine import bench
 def test_depth_measures_after_the_context(tiny_model_path):
     out = bench.run(str(tiny_model_path), p=8, n=4, depth=40, tbt=0, ttft=False, repeat=1)
     assert out["depth"] == 40 and out["tg_context_tokens"] == 40
-    assert out["tg_tokens"] == 4 and out["tg_tok_s"] == pytest.approx(4 / out["tg_s"], rel=1e-2)
+    # tg_s is rounded to 0.1 ms: on a fast host 4 tiny-model tokens take ~5 ms, so the rounding
+    # alone moves the quotient by ~1 % (898.8 vs 888.9 seen)
+    assert out["tg_tokens"] == 4 and out["tg_tok_s"] == pytest.approx(4 / out["tg_s"], rel=1e-2 + 5e-5 / out["tg_s"])
     assert out["pp_tokens"] == 8 and out["pp_tok_s"] > 0
     plain = bench.run(str(tiny_model_path), p=8, n=4, tbt=0, ttft=False, repeat=1)
     assert "depth" not in plain and plain["tg_context_tokens"] == 8

@@ -33,6 +33,13 @@ def rt(tiny_model_path):
     return warm_runtime(tiny_model_path, STREAM_KEEPALIVE_S="0")
 
 
+@pytest.fixture(scope="module")
+def rt_batched(tiny_model_path):
+    """Four generations decoding together, prompts prefilled 8 tokens a step (engine/batch.py)."""
+    return warm_runtime(tiny_model_path, STREAM_KEEPALIVE_S="0", WARMLLM_MAX_NUM_SEQS="4",
+                        WARMLLM_BATCH_PREFILL_CHUNK="8")
+
+
 def no_eos(path: Path) -> dict[str, float]:
     """logit_bias that bans every end-of-generation token: a random-weights model then writes
     exactly max_tokens."""
@@ -113,13 +120,12 @@ def slow_engine(rt, monkeypatch, per_token_s: float = 0.01) -> list[float]:
     """Each decode step takes at least `per_token_s` (a generation long enough to overlap others,
     whatever the host's speed); returns the steps' times."""
     steps: list[float] = []
-    real = rt.engine.session.step
-
-    def step(tok):
-        time.sleep(per_token_s)
-        steps.append(time.monotonic())
-        return real(tok)
-    monkeypatch.setattr(rt.engine.session, "step", step)
+    for session in rt.engine.pool.sessions:
+        def step(tok, real=session.step):
+            time.sleep(per_token_s)
+            steps.append(time.monotonic())
+            return real(tok)
+        monkeypatch.setattr(session, "step", step)
     return steps
 
 
@@ -235,7 +241,7 @@ def test_a_client_gone_mid_stream_stops_its_decode_with_one_line(rt, tiny_model_
         r = StreamReader(url, body(tiny_model_path, 2000), stop_after=3).start().join()
         assert not r.done and len(r.data) == 3
         # the decode stopped at its next token after the disconnect, not 2,000 tokens later
-        assert wait_for(lambda: rt.engine is not None and not rt._gen_lock.locked(), 60)
+        assert wait_for(lambda: rt.engine is not None and rt.engine.pool.busy == 0, 60)
         n = len(steps)
         time.sleep(1.0)
         assert len(steps) == n and n < 100, n
@@ -307,7 +313,9 @@ def test_metrics_need_the_key_when_one_is_set(rt, monkeypatch):
 
 # ----------------------------------------------------------------------------- load
 
-def test_sixteen_streams_with_slow_readers_and_disconnects_all_end_cleanly(rt, tiny_model_path, capfd):
+@pytest.mark.parametrize("runtime", ["rt", "rt_batched"])
+def test_sixteen_streams_with_slow_readers_and_disconnects_all_end_cleanly(runtime, request, tiny_model_path, capfd):
+    rt = request.getfixturevalue(runtime)
     with serve_in_thread(rt, ServeSettings(queue=16)) as (url, _):
         readers = [StreamReader(url, body(tiny_model_path, 24), read_delay_s=0.05 if i % 4 == 1 else 0.0,
                                 stop_after=2 if i % 8 == 3 else None) for i in range(16)]
@@ -326,6 +334,58 @@ def test_sixteen_streams_with_slow_readers_and_disconnects_all_end_cleanly(rt, t
     assert all(r.status == 200 and not r.done for r in quitters)
     out = capfd.readouterr()
     assert "Traceback" not in out.out + out.err
+
+
+# ----------------------------------------------------------------------------- continuous batching
+
+def greedy_body(path: Path, i: int, max_tokens: int) -> bytes:
+    return json.dumps({"model": "warmllm", "messages": [{"role": "user", "content": f"Story {i}: " + "go " * (3 * i)}],
+                       "max_tokens": max_tokens, "stream": True, "temperature": 0,
+                       "logit_bias": no_eos(path)}).encode()
+
+
+def content(r: StreamReader) -> str:
+    chunks = [json.loads(d) for d in r.data if d != "[DONE]"]
+    # the reply and its reasoning (the tiny model's template may open a <think> block)
+    return "".join((c["choices"][0]["delta"].get("reasoning_content") or "") + "|" +
+                   (c["choices"][0]["delta"].get("content") or "") for c in chunks if c["choices"])
+
+
+def test_streams_decoding_together_write_what_they_write_alone(rt_batched, tiny_model_path):
+    """Six greedy streams at once on four slots (two join as others end), then each alone: the
+    same text, and steps decoded several streams together."""
+    sched = rt_batched.engine.scheduler
+    rows0, steps0 = sched.stats.decode_rows, sched.stats.decode_steps
+    with serve_in_thread(rt_batched, ServeSettings(queue=16)) as (url, _):
+        together = [StreamReader(url, greedy_body(tiny_model_path, i, 20)).start() for i in range(6)]
+        for r in together:
+            r.join()
+        rows, steps = sched.stats.decode_rows - rows0, sched.stats.decode_steps - steps0
+        alone = [StreamReader(url, greedy_body(tiny_model_path, i, 20)).start().join() for i in range(6)]
+        c = http.client.HTTPConnection(*host_port(url), timeout=30)
+        c.request("GET", "/metrics")
+        text = c.getresponse().read().decode()
+    assert all(r.done for r in together + alone), [(r.status, r.error) for r in together + alone]
+    assert [content(r) for r in together] == [content(r) for r in alone]
+    assert all(content(r).replace("|", "") for r in together)
+    assert rows >= 6 * 19 and rows / steps > 1.5, (rows, steps)     # batched: not one stream per step
+    m_rows = float(re.search(r"^warmllm_decode_rows_total ([0-9.e+]+)$", text, re.M).group(1))
+    m_steps = float(re.search(r"^warmllm_decode_steps_total ([0-9.e+]+)$", text, re.M).group(1))
+    assert m_rows > m_steps > 0
+
+
+def test_a_full_batch_and_queue_answer_429_naming_both_limits(rt_batched, tiny_model_path, monkeypatch):
+    slow_engine(rt_batched, monkeypatch)
+    with serve_in_thread(rt_batched, ServeSettings(queue=1)) as (url, app):
+        running = [StreamReader(url, body(tiny_model_path, 200)).start() for _ in range(4)]
+        assert wait_for(lambda: all(r.first_at is not None for r in running), 120)   # four at once
+        waiting = StreamReader(url, body(tiny_model_path, 4)).start()
+        assert wait_for(lambda: app.load.waiting == 1, 60)
+        refused = StreamReader(url, body(tiny_model_path, 4)).start().join()
+        assert refused.status == 429, (refused.status, refused.body[:300])
+        msg = json.loads(refused.body)["error"]["message"]
+        assert "4 generations running (WARMLLM_MAX_NUM_SEQS=4)" in msg and "SERVE_QUEUE=1" in msg
+        assert all(r.join().done for r in running) and waiting.join().done
 
 
 def test_sigterm_drains_the_streams_in_flight_then_exits_0(tiny_model_path):

@@ -1,0 +1,164 @@
+"""engine/batch.py, continuous batching (issue 55): concurrent generate() calls on one engine decode
+together, join between steps and prefill their prompts a chunk per step -- and each one's output
+is what it gets run alone, bit for bit, with its own sampling, grammar and end. The engine's
+sessions are a pool: a conversation's next turn extends its own session while others ran, and
+prefix snapshots are shared across sessions."""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from engine import constraints as C
+from engine.generate import Engine
+from engine.sampling import SamplingParams
+from engine.settings import Settings
+
+CHUNK = 8
+GREEDY = SamplingParams(temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def path(model_factory):
+    return str(model_factory("tiny", "Q4_K_M", 0))
+
+
+@pytest.fixture(scope="module")
+def alone(path):
+    """The reference: one generation at a time, the model on the caller's thread, same chunks."""
+    return Engine.load(path, warm_up=False, settings=Settings(max_num_seqs=1, prefill_chunk=CHUNK))
+
+
+def batched(path, n: int) -> Engine:
+    return Engine.load(path, warm_up=False, settings=Settings(max_num_seqs=n, batch_prefill_chunk=CHUNK))
+
+
+def prompt(seed: int, n: int) -> list[int]:
+    return [int(t) for t in np.random.default_rng(seed).integers(3, 2000, n)]
+
+
+def run_threads(jobs: list, start_late: int = 0, eng: Engine | None = None) -> list:
+    """Run the callables at once (the last `start_late` once the batch has taken 3 steps);
+    their results or exceptions, in order."""
+    out: list = [None] * len(jobs)
+
+    def go(i: int) -> None:
+        try:
+            out[i] = jobs[i]()
+        except Exception as exc:
+            out[i] = exc
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(len(jobs))]
+    early = len(jobs) - start_late
+    for t in threads[:early]:
+        t.start()
+    if start_late:
+        assert eng is not None and eng.scheduler is not None
+        t0 = time.monotonic()
+        while eng.scheduler.stats.steps < 3 and time.monotonic() - t0 < 120:
+            time.sleep(0.001)
+        for t in threads[early:]:
+            t.start()
+    for t in threads:
+        t.join(300)
+    return out
+
+
+def test_concurrent_generations_get_what_they_get_alone(path, alone):
+    sizes = [(5, 6), (13, 9), (30, 4), (2, 7), (17, 5), (9, 8), (21, 3)]
+    prompts = [prompt(i, n) for i, (n, _) in enumerate(sizes)]
+    ref = [alone.generate(p, max_tokens=m, sampling=GREEDY).token_ids for p, (_, m) in zip(prompts, sizes)]
+    eng = batched(path, 3)
+    jobs = [lambda p=p, m=m: eng.generate(p, max_tokens=m, sampling=GREEDY) for p, (_, m) in zip(prompts, sizes)]
+    got = run_threads(jobs, start_late=2, eng=eng)
+    assert [r.token_ids for r in got] == ref
+    st = eng.scheduler.stats
+    assert 2 <= st.max_rows <= 3            # steps decoded several sequences, never more than max_num_seqs
+    assert st.mixed_steps >= 1              # a prompt chunk went in beside running decodes
+    assert st.prefill_chunks >= sum(-(-n // CHUNK) for n, _ in sizes)   # prompts went in by chunks
+    assert all(r.prefill.mode == "batched" for r in got)
+
+
+def test_sampling_grammar_and_stops_stay_per_sequence(path, alone):
+    digits = C.regex_grammar(r"[0-9]{4}")
+    calls = [dict(prompt=prompt(10, 11), max_tokens=8, sampling=GREEDY, grammar=digits),
+             dict(prompt=prompt(11, 6), max_tokens=10, sampling=SamplingParams(temperature=0.9, seed=7)),
+             dict(prompt=prompt(12, 19), max_tokens=10, sampling=GREEDY),
+             dict(prompt=prompt(13, 4), max_tokens=6, sampling=SamplingParams(temperature=0.7, top_k=5, seed=3))]
+    ref = [alone.generate(**c) for c in calls]
+    stop_at = ref[2].text[3:5]
+    assert stop_at
+    calls[2]["stop"] = [stop_at]
+    ref[2] = alone.generate(**calls[2])
+    assert ref[2].finish_reason == "stop" and len(ref[2].token_ids) < 10
+    eng = batched(path, 4)
+    got = run_threads([lambda c=c: eng.generate(**c) for c in calls])
+    assert [(r.token_ids, r.text, r.finish_reason) for r in got] == [(r.token_ids, r.text, r.finish_reason)
+                                                                     for r in ref]
+    assert len(got[0].text) == 4 and got[0].text.isdigit()
+    assert eng.scheduler.stats.max_rows >= 2
+
+
+def test_a_generation_that_fails_leaves_the_others_and_its_session(path, alone):
+    prompts = [prompt(20 + i, 7 + 3 * i) for i in range(3)]
+    ref = [alone.generate(p, max_tokens=12, sampling=GREEDY).token_ids for p in prompts]
+    eng = batched(path, 3)
+
+    class Gone(Exception):
+        pass
+
+    def leaving(piece: str) -> None:       # a client gone mid-stream: the writer raises
+        raise Gone()
+    jobs = [lambda p=p: eng.generate(p, max_tokens=12, sampling=GREEDY) for p in prompts]
+    jobs[1] = lambda: eng.generate(prompts[1], max_tokens=12, sampling=GREEDY, on_text=leaving)
+    got = run_threads(jobs)
+    assert isinstance(got[1], Gone)
+    assert got[0].token_ids == ref[0] and got[2].token_ids == ref[2]
+    again = run_threads([lambda p=p: eng.generate(p, max_tokens=12, sampling=GREEDY) for p in prompts])
+    assert [r.token_ids for r in again] == ref   # every session came back to the pool
+
+
+def test_a_failing_step_reaches_its_sequences_and_the_loop_goes_on(path, alone, monkeypatch):
+    eng = batched(path, 2)
+    real = eng.model.decode_batch
+    failed = []
+
+    def once(tokens, states):
+        if not failed:
+            failed.append(len(tokens))
+            raise MemoryError("planted")
+        return real(tokens, states)
+    monkeypatch.setattr(eng.model, "decode_batch", once)
+    got = run_threads([lambda: eng.generate(prompt(30, 5), max_tokens=5, sampling=GREEDY),
+                       lambda: eng.generate(prompt(31, 9), max_tokens=5, sampling=GREEDY)])
+    assert sum(isinstance(r, MemoryError) for r in got) == failed[0] >= 1
+    ref = alone.generate(prompt(31, 9), max_tokens=5, sampling=GREEDY).token_ids
+    assert eng.generate(prompt(31, 9), max_tokens=5, sampling=GREEDY).token_ids == ref
+
+
+SYSTEM = {"role": "system", "content": "You are a terse assistant. " * 6}
+
+
+def test_a_next_turn_extends_its_own_session_and_snapshots_are_shared(path):
+    eng = batched(path, 3)
+    a1 = prompt(40, 20)
+    r_a1 = eng.generate(a1, max_tokens=4, sampling=GREEDY)
+    assert r_a1.prefill.mode == "batched"
+    b1 = eng.chat_prompt([SYSTEM, {"role": "user", "content": "First question?"}])
+    assert eng.generate(b1, max_tokens=4, sampling=GREEDY).prefill.mode == "batched"
+    # the first conversation's next turn: its session is still warm, though not the least
+    # recently used free one (with one session, or picking that one, it is gone)
+    a2 = a1 + r_a1.token_ids + prompt(41, 6)
+    r_a2 = eng.generate(a2, max_tokens=4, sampling=GREEDY)
+    # (the session holds the reply but its last token, which was never fed)
+    assert r_a2.prefill.mode == "extend" and r_a2.prefill.reused_tokens == len(a1) + len(r_a1.token_ids) - 1
+    # another conversation with the second one's system prompt: on another session, from the
+    # snapshot the second left at the end of the system message
+    c1 = eng.chat_prompt([SYSTEM, {"role": "user", "content": "Something else entirely?"}])
+    r_c1 = eng.generate(c1, max_tokens=4, sampling=GREEDY)
+    assert r_c1.prefill.mode == "snapshot_memory" and r_c1.prefill.reused_tokens == c1.boundaries[0]
+
+
+def test_max_num_seqs_one_runs_on_the_callers_thread(alone):
+    assert alone.scheduler is None and len(alone.pool.sessions) == 1
