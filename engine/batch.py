@@ -12,8 +12,11 @@ A step starts once every generation in flight is waiting on it, or `gather_s` af
 one arrived: one that is still sampling, or writing to a slow client, joins the next step
 instead of holding the others up.
 
-`decode_batch`'s rows are bit for bit each sequence's own decode (models/common.each_row) and
-a prefill chunk is the same forward a session runs alone: batching changes no output.
+A prefill chunk is the same forward a session runs alone. `decode_batch` multiplies all the
+rows of a step at once (the int8 tiles), which rounds each product ~1 ulp differently from a
+sequence's own decode kernel: greedy outputs stay the same unless two logits tie that closely.
+With `exact` (WARMLLM_BATCH_EXACT) it takes the rows one at a time, bit for bit each sequence's
+own decode, at ~0.4x the aggregate speed.
 """
 from __future__ import annotations
 
@@ -62,8 +65,9 @@ class StepStats:
 class StepScheduler:
     """The model thread of a batched engine (see the module doc)."""
 
-    def __init__(self, model: LanguageModel, *, gather_s: float = DEFAULT_GATHER_S) -> None:
+    def __init__(self, model: LanguageModel, *, exact: bool = False, gather_s: float = DEFAULT_GATHER_S) -> None:
         self.model = model
+        self.exact = exact
         self.gather_s = gather_s
         self.stats = StepStats()
         self._cond = threading.Condition()
@@ -134,7 +138,8 @@ class StepScheduler:
             # the running streams first: their tokens go out while the prefill chunk runs
             if decodes:
                 try:
-                    rows = self.model.decode_batch([j.token for j in decodes], [cast(State, j.state) for j in decodes])
+                    rows = self.model.decode_batch([j.token for j in decodes], [cast(State, j.state) for j in decodes],
+                                                   exact=self.exact)
                     for j, row in zip(decodes, rows):
                         j.result = row
                 except BaseException as exc:   # every sequence of the step sees it (its session resets)
@@ -180,5 +185,5 @@ class BatchedModel:
         return self.scheduler.run(
             lambda: self.model.forward_capturing(tokens, state, capture, logits=logits, hook=hook))
 
-    def decode_batch(self, tokens: Sequence[int], states: Sequence[State]) -> np.ndarray:
-        return self.scheduler.run(lambda: self.model.decode_batch(tokens, states))
+    def decode_batch(self, tokens: Sequence[int], states: Sequence[State], *, exact: bool = False) -> np.ndarray:
+        return self.scheduler.run(lambda: self.model.decode_batch(tokens, states, exact=exact))

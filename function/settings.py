@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from engine.settings import Settings, env_str, env_value, non_negative, positive
+from engine.settings import Settings, env_str, env_value, flag, non_negative, positive
 
 from .limits import Limits
 
@@ -84,7 +84,7 @@ class FunctionSettings:
             stream_deadline_s=positive(env, "STREAM_DEADLINE_S", DEFAULT_STREAM_DEADLINE_S),
             stream_keepalive_s=non_negative(env, "STREAM_KEEPALIVE_S", DEFAULT_STREAM_KEEPALIVE_S),
             function_url_iam=_url_auth(env) == "AWS_IAM",
-            model_in_memory=env_value(env, "MODEL_IN_MEMORY", _flag, snapstart_init(env),
+            model_in_memory=env_value(env, "MODEL_IN_MEMORY", flag, snapstart_init(env),
                                       takes="true or false", default_is="true in a SnapStart init"),
         )
 
@@ -93,11 +93,3 @@ def snapstart_init(env: Mapping[str, str]) -> bool:
     """This init is the one Lambda snapshots (SnapStart), not an ordinary cold start."""
     return env.get("AWS_LAMBDA_INITIALIZATION_TYPE") == "snap-start"
 
-
-def _flag(raw: str) -> bool:
-    v = raw.strip().lower()
-    if v in ("1", "true", "yes", "on"):
-        return True
-    if v in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(raw)

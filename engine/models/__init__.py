@@ -58,9 +58,10 @@ class LanguageModel(Protocol):
         """`forward`, also returning copies of the state after each position in `capture`."""
         ...
 
-    def decode_batch(self, tokens: Sequence[int], states: Sequence[State]) -> np.ndarray:
+    def decode_batch(self, tokens: Sequence[int], states: Sequence[State], *, exact: bool = False) -> np.ndarray:
         """One token for each of B sequences on its own state (advanced in place): (B, n_vocab)
-        logits, row b bit for bit `forward` of tokens[b] on states[b] (engine/batch.py)."""
+        logits, row b `forward` of tokens[b] on states[b] -- bit for bit when `exact`, else up to
+        the rounding of multi-row products (engine/batch.py)."""
         ...
 
 

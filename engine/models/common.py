@@ -59,10 +59,11 @@ class CapturingForward:
         """
         return self.forward_capturing(tokens, state, (), logits=logits, hook=hook)[0]
 
-    def decode_batch(self, tokens: Sequence[int], states: Sequence[State]) -> np.ndarray:
+    def decode_batch(self, tokens: Sequence[int], states: Sequence[State], *, exact: bool = False) -> np.ndarray:
         """One new token for each of B sequences, each on its own state (advanced in place):
-        logits (B, n_vocab), row b what `forward` of tokens[b] on states[b] gives. This default
-        runs the sequences one after another; a model overrides it to run each layer for all of
+        logits (B, n_vocab), row b what `forward` of tokens[b] on states[b] gives (`exact`: bit
+        for bit; else up to the rounding of multi-row products). This default runs the sequences
+        one after another (exact either way); a model overrides it to run each layer for all of
         them together (continuous batching, the resident server)."""
         rows = [self.forward(np.asarray([t], dtype=np.int64), st) for t, st in zip(tokens, states)]
         return np.stack([r for r in rows if r is not None])

@@ -147,6 +147,11 @@ class LayerWeights:
     ffn_down: Linear
 
 
+def _all_rows(lin: Linear, h: np.ndarray) -> np.ndarray:
+    """`lin` over every row of `h` in one product (decode_batch's default)."""
+    return lin(h)
+
+
 class Qwen35(CapturingForward):
     """The model: weights (views into the mmap) and the forward over a State."""
 
@@ -262,11 +267,13 @@ class Qwen35(CapturingForward):
                   for c, p in enumerate(capture)}
         return output_logits(x, self.output_norm, self.output, cfg.rms_eps, logits, hook), states
 
-    def decode_batch(self, tokens: Sequence[int], states: Sequence[State]) -> np.ndarray:
+    def decode_batch(self, tokens: Sequence[int], states: Sequence[State], *, exact: bool = False) -> np.ndarray:
         """One token for each of B sequences through every layer together (see
-        CapturingForward.decode_batch): the matrices multiply the B rows one after another
-        (`each_row`: bit for bit each sequence's own decode, the matrix still in the cache for the
-        next row), the DeltaNet step and attention run on each sequence's own state."""
+        CapturingForward.decode_batch): the matrices multiply the B rows at once (the int8 tiles:
+        each weight block unpacked once for every row), the DeltaNet step and attention run on
+        each sequence's own state. `exact`: the rows one after another instead (`each_row`: bit
+        for bit each sequence's own decode, ~2.5x slower at 16 rows)."""
+        mm = each_row if exact else _all_rows
         cfg = self.config
         B = len(states)
         if B != len(tokens):
@@ -279,24 +286,25 @@ class Qwen35(CapturingForward):
         for il, lw in enumerate(self.layers):
             h = rms_norm(x, lw.attn_norm, cfg.rms_eps)
             if isinstance(lw.mixer, DeltaNetWeights):
-                h = self._deltanet_batch(lw.mixer, h, [cast(DeltaNetState, st.layers[il]) for st in states])
+                h = self._deltanet_batch(lw.mixer, h, [cast(DeltaNetState, st.layers[il]) for st in states], mm)
             else:
                 if rope is None:
                     rope = attention.rope_angles(np.asarray(starts), cfg.n_rot, cfg.rope_base, list(cfg.rope_sections))
                 h = self._attention_batch(lw.mixer, h, [cast(AttentionState, st.layers[il]) for st in states],
-                                          starts, rope)
+                                          starts, rope, mm)
             x = x + h
             h = rms_norm(x, lw.post_norm, cfg.rms_eps)
-            h = each_row(lw.ffn_down, silu_mul(each_row(lw.ffn_gate, h), each_row(lw.ffn_up, h)))
+            h = mm(lw.ffn_down, silu_mul(mm(lw.ffn_gate, h), mm(lw.ffn_up, h)))
             x = x + h
         self.scratch.forget()
         for st in states:
             st.n_tokens += 1
-        return each_row(self.output, rms_norm(x, self.output_norm, cfg.rms_eps))
+        return mm(self.output, rms_norm(x, self.output_norm, cfg.rms_eps))
 
-    def _deltanet_batch(self, w: DeltaNetWeights, x: np.ndarray, sts: list[DeltaNetState]) -> np.ndarray:
+    def _deltanet_batch(self, w: DeltaNetWeights, x: np.ndarray, sts: list[DeltaNetState],
+                        mm: Callable[[Linear, np.ndarray], np.ndarray]) -> np.ndarray:
         cfg = self.config
-        qkv, z, beta, alpha = each_row(w.qkv, x), each_row(w.gate, x), each_row(w.beta, x), each_row(w.alpha, x)
+        qkv, z, beta, alpha = mm(w.qkv, x), mm(w.gate, x), mm(w.beta, x), mm(w.alpha, x)
         o = np.empty((len(sts), cfg.value_dim), dtype=np.float32)
         for b, st in enumerate(sts):
             if not st.S.flags.writeable:  # shared with a stored snapshot (State.fork)
@@ -305,22 +313,23 @@ class Qwen35(CapturingForward):
                 st.conv = np.ascontiguousarray(st.conv).copy()
             o[b] = deltanet.decode_token(qkv[b], z[b], beta[b], alpha[b], st.conv, w.conv, w.dt_bias, w.a, w.norm,
                                          cfg.rms_eps, cfg.n_k_heads, st.S)
-        return each_row(w.out, o)
+        return mm(w.out, o)
 
     def _attention_batch(self, w: AttentionWeights, x: np.ndarray, sts: list[AttentionState], starts: list[int],
-                         rope: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+                         rope: tuple[np.ndarray, np.ndarray], mm: Callable[[Linear, np.ndarray], np.ndarray]
+                         ) -> np.ndarray:
         cfg = self.config
         B, hd = x.shape[0], cfg.head_dim
-        qg = each_row(w.q, x).reshape(B, cfg.n_head, 2 * hd)
+        qg = mm(w.q, x).reshape(B, cfg.n_head, 2 * hd)
         q = rms_norm(qg[..., :hd], w.q_norm, cfg.rms_eps)
         gate = qg[..., hd:].reshape(B, cfg.n_head * hd)
-        k = rms_norm(each_row(w.k, x).reshape(B, cfg.n_head_kv, hd), w.k_norm, cfg.rms_eps)
-        v = each_row(w.v, x).reshape(B, cfg.n_head_kv, hd)
+        k = rms_norm(mm(w.k, x).reshape(B, cfg.n_head_kv, hd), w.k_norm, cfg.rms_eps)
+        v = mm(w.v, x).reshape(B, cfg.n_head_kv, hd)
         cos, sin = rope
         q = attention.apply_rope(q, cos, sin)
         k = attention.apply_rope(k, cos, sin)
         a = np.concatenate([attend(st, q[b:b + 1], k[b:b + 1], v[b:b + 1], starts[b]) for b, st in enumerate(sts)])
-        return each_row(w.o, a.reshape(B, cfg.n_head * hd) * sigmoid(gate))
+        return mm(w.o, a.reshape(B, cfg.n_head * hd) * sigmoid(gate))
 
     def _deltanet(self, w: DeltaNetWeights, x: np.ndarray, st: DeltaNetState, il: int,
                   hook: Hook | None, capture: Sequence[int] = ()) -> tuple[np.ndarray, list[DeltaNetState]]:

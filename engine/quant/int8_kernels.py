@@ -13,8 +13,8 @@ from .njit_base import MV as _MV
 from .njit_base import f16_at as _f16_at
 from .njit_base import scale_min_k4
 
-__all__ = ["ROW_CHUNK", "mm_k_q8k", "mm_q5_k_q8k", "mm_q8_0_q8", "mv_k_q8k", "mv_q5_k_q8k", "mv_q8_0_q8",
-           "q4_k_mins"]
+__all__ = ["FUSED_MINS_TOKENS", "ROW_CHUNK", "mm_k_q8k", "mm_q5_k_q8k", "mm_q8_0_q8", "mv_k_q8k", "mv_q5_k_q8k", "mv_q8_0_q8",
+           "q4_k_mins", "q4_k_mins_product"]
 
 _F32 = np.float32
 
@@ -110,6 +110,40 @@ def q4_k_mins(w, nb, out, block_bytes=144):
             dmin = _f16_at(w[r], p + 2)
             for j in range(8):
                 out[r, 8 * i + j] = dmin * scale_min_k4(w[r], p + 4, j)[1]
+
+
+# Up to this many (padded) tokens the Q4_K mins' product is q4_k_mins_product, not q4_k_mins +
+# BLAS: a few tokens (the resident server's decode steps) made the mins matrix (rows x cols/32
+# f32: 32 MB for a 248k-token head) per call, and BLAS's worker threads, woken for a product of
+# 16 rows, kept spinning beside numba's: every numba kernel of the step ran ~8x slower (16
+# sequences of the 0.8B: 27.5 tok/s, 101.7 with BLAS held to one thread; measured).
+FUSED_MINS_TOKENS = 16
+
+
+@njit(**_MV)
+def q4_k_mins_product(w, nb, sums32, out, block_bytes=144):
+    """out[t, r] = sum over blocks b and runs j of (dmin_b * min_bj) * sums32[t, 8b + j]: what
+    q4_k_mins and the matmul by the activations' scaled sums give, for a few tokens, without the
+    whole mins matrix or BLAS (a chunk of rows' mins at a time, in L1)."""
+    tp = sums32.shape[0]
+    rows = w.shape[0]
+    k = nb * 8
+    for c in prange((rows + ROW_CHUNK - 1) // ROW_CHUNK):
+        mins = np.empty((ROW_CHUNK, k), np.float32)
+        r0 = c * ROW_CHUNK
+        r1 = min(rows, r0 + ROW_CHUNK)
+        for r in range(r0, r1):
+            for i in range(nb):
+                p = i * block_bytes
+                dmin = _f16_at(w[r], p + 2)
+                for j in range(8):
+                    mins[r - r0, 8 * i + j] = dmin * scale_min_k4(w[r], p + 4, j)[1]
+        for r in range(r0, r1):
+            for t in range(tp):
+                acc = np.float32(0.0)
+                for q in range(k):
+                    acc += mins[r - r0, q] * sums32[t, q]
+                out[t, r] = acc
 
 
 @njit(**_MV)

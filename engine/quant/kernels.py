@@ -36,7 +36,7 @@ from .arm.x4 import release_pages, repack_x4
 from .float_kernels import prepare_scales
 from .formats import get_format, quantize, row_bytes
 from .int8_dot import TILE, WIDE_TILE
-from .int8_kernels import q4_k_mins
+from .int8_kernels import FUSED_MINS_TOKENS, q4_k_mins, q4_k_mins_product
 from .kernel_rows import Int8Kernels, TileCall
 from .traits import float_row, generic_int8_row, int8_row
 from .x86 import avx2, avx512  # noqa: F401 (they register their block bodies with int8_dot)
@@ -234,7 +234,9 @@ class MatvecPlan:
             qp, xsf = a.p16()
             k.tile(self.w, qp, a.d, xsf, out)
             return out[:a.tokens]
-        if k.mins_block:
+        if k.mins_block and not k.x4 and a.padded <= FUSED_MINS_TOKENS:
+            q4_k_mins_product(self.w, self.cols // 256, a.scaled_sums32, out, k.mins_block)
+        elif k.mins_block:
             # sum over blocks b and runs j of (dmin_b m_bj) (d_b^x sums_bj^x): 1/32 of the
             # product's multiply-adds, done by BLAS into `out`, which the tile subtracts from
             mins = np.empty((self.rows, self.cols // 32), np.float32)

@@ -1,8 +1,10 @@
 """engine/batch.py, continuous batching (issue 55): concurrent generate() calls on one engine decode
-together, join between steps and prefill their prompts a chunk per step -- and each one's output
-is what it gets run alone, bit for bit, with its own sampling, grammar and end. The engine's
-sessions are a pool: a conversation's next turn extends its own session while others ran, and
-prefix snapshots are shared across sessions."""
+together, join between steps and prefill their prompts a chunk per step -- and with
+WARMLLM_BATCH_EXACT each one's output is what it gets run alone, bit for bit, with its own
+sampling, grammar and end (by default the products of a step's rows round differently: the first
+token, from the prefill, is the same, the rest may drift). The engine's sessions are a pool: a
+conversation's next turn extends its own session while others ran, and prefix snapshots are
+shared across sessions."""
 from __future__ import annotations
 
 import threading
@@ -31,8 +33,9 @@ def alone(path):
     return Engine.load(path, warm_up=False, settings=Settings(max_num_seqs=1, prefill_chunk=CHUNK))
 
 
-def batched(path, n: int) -> Engine:
-    return Engine.load(path, warm_up=False, settings=Settings(max_num_seqs=n, batch_prefill_chunk=CHUNK))
+def batched(path, n: int, exact: bool = True) -> Engine:
+    return Engine.load(path, warm_up=False,
+                       settings=Settings(max_num_seqs=n, batch_prefill_chunk=CHUNK, batch_exact=exact))
 
 
 def prompt(seed: int, n: int) -> list[int]:
@@ -80,6 +83,30 @@ def test_concurrent_generations_get_what_they_get_alone(path, alone):
     assert all(r.prefill.mode == "batched" for r in got)
 
 
+def test_by_default_a_step_multiplies_all_rows_at_once(path, alone, monkeypatch):
+    """The default (not exact): the step's rows go through each matrix together, once per
+    matrix, and every generation still gets its own first token and all its tokens."""
+    from engine.weights import Linear
+
+    sizes = [(5, 6), (13, 9), (30, 4), (2, 7)]
+    prompts = [prompt(50 + i, n) for i, (n, _) in enumerate(sizes)]
+    ref = [alone.generate(p, max_tokens=m, sampling=GREEDY).token_ids for p, (_, m) in zip(prompts, sizes)]
+    eng = batched(path, 4, exact=False)
+    widths: list[int] = []
+    real = Linear.__call__
+
+    def counted(self, x):
+        if threading.current_thread() is eng.scheduler._thread and x.shape[0] > 1 and self.name == "output.weight":
+            widths.append(x.shape[0])
+        return real(self, x)
+    monkeypatch.setattr(Linear, "__call__", counted)
+    got = run_threads([lambda p=p, m=m: eng.generate(p, max_tokens=m, sampling=GREEDY)
+                       for p, (_, m) in zip(prompts, sizes)])
+    assert [len(r.token_ids) for r in got] == [m for _, m in sizes]
+    assert [r.token_ids[0] for r in got] == [r[0] for r in ref]      # from the prefill: the same
+    assert widths and max(widths) == eng.scheduler.stats.max_rows >= 2   # the head saw several rows at once
+
+
 def test_sampling_grammar_and_stops_stay_per_sequence(path, alone):
     digits = C.regex_grammar(r"[0-9]{4}")
     calls = [dict(prompt=prompt(10, 11), max_tokens=8, sampling=GREEDY, grammar=digits),
@@ -124,11 +151,11 @@ def test_a_failing_step_reaches_its_sequences_and_the_loop_goes_on(path, alone, 
     real = eng.model.decode_batch
     failed = []
 
-    def once(tokens, states):
+    def once(tokens, states, **kw):
         if not failed:
             failed.append(len(tokens))
             raise MemoryError("planted")
-        return real(tokens, states)
+        return real(tokens, states, **kw)
     monkeypatch.setattr(eng.model, "decode_batch", once)
     got = run_threads([lambda: eng.generate(prompt(30, 5), max_tokens=5, sampling=GREEDY),
                        lambda: eng.generate(prompt(31, 9), max_tokens=5, sampling=GREEDY)])

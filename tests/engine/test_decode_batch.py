@@ -1,6 +1,7 @@
 """Continuous batching's model step (issue 55): `decode_batch` runs one token for each of B
-sequences, each on its own state, through every layer together -- and changes nothing: row b's
-logits and state are bit for bit what sequence b's own decode gives, for prompts of different
+sequences, each on its own state, through every layer together. With `exact`, row b's logits and
+state are bit for bit what sequence b's own decode gives; by default (all rows in one product)
+they are that up to rounding, and greedy picks the same tokens -- for prompts of different
 lengths, a state forked from a frozen snapshot, and greedy runs continued for several steps."""
 from __future__ import annotations
 
@@ -22,20 +23,29 @@ def prefilled(model, prompts):
     return out
 
 
-@pytest.mark.parametrize("preset,weights", [("tiny", "Q4_K_M"), ("tiny", "F32"), ("tiny-qwen2", "Q4_K_M")])
-def test_a_batched_step_is_each_sequences_own_step_bit_for_bit(model_factory, preset, weights):
+@pytest.mark.parametrize("exact", [True, False])
+@pytest.mark.parametrize("preset,weights", [("tiny", "Q4_K_M"), ("tiny", "Q8_0"), ("tiny", "F32"),
+                                            ("tiny-qwen2", "Q4_K_M")])
+def test_a_batched_step_is_each_sequences_own_step(model_factory, preset, weights, exact):
     model = load_model(GGUFFile(model_factory(preset, weights, 0)))
     together, alone = prefilled(model, PROMPTS), prefilled(model, PROMPTS)
     frozen = together[1].copy().freeze()           # a snapshot many sessions continue from
     together[1], alone[1] = frozen.fork(), frozen.copy()
     nxt = [int(p[-1]) for p in PROMPTS]
-    for step in range(6):                           # greedy, several steps: states must stay equal too
-        logits = model.decode_batch(nxt, together)
+    # greedy, several steps: states must stay equal too (by default, one: a rounding apart in the
+    # f16 K/V cache compounds over the random model's steps)
+    for step in range(6 if exact else 1):
+        logits = model.decode_batch(nxt, together, exact=exact)
         own = np.stack([model.forward(np.asarray([t], dtype=np.int64), st) for t, st in zip(nxt, alone)])
         assert logits.shape == (len(PROMPTS), model.config.n_vocab)
-        assert np.array_equal(logits, own), (step, float(np.abs(logits - own).max()))
+        if exact:
+            assert np.array_equal(logits, own), (step, float(np.abs(logits - own).max()))
+        else:       # the products' rounding only: far below the logits' spread
+            assert np.abs(logits - own).max() <= 1e-4 * np.abs(own).max(), (step, float(np.abs(logits - own).max()))
+        assert (logits.argmax(axis=1) == own.argmax(axis=1)).all()
         for a, b in zip(together, alone):
-            assert a.n_tokens == b.n_tokens and a.max_abs_diff(b) == 0.0
+            # (K/V are f16: a rounding apart there is up to an f16 ulp of the value)
+            assert a.n_tokens == b.n_tokens and a.max_abs_diff(b) <= (0.0 if exact else 1e-2)
         nxt = [int(i) for i in logits.argmax(axis=1)]
     assert frozen.n_tokens == len(PROMPTS[1])      # the snapshot itself never moved
 
