@@ -14,7 +14,7 @@ SAM_VENV  := .venv-sam
 SAM       := $(SAM_VENV)/bin/sam
 SAM_STAMP := $(SAM_VENV)/.installed
 
-.PHONY: lint test-arm64 test-arm64-ci test-avx2 install run generate test test-oracle oracle-fixtures bench bench-coldstart bench-serve bench-arm64 serve layer model real-model clean \
+.PHONY: lint test-arm64 test-arm64-ci test-avx2 install run generate test test-oracle oracle-fixtures bench bench-coldstart bench-serve bench-fleet bench-arm64 serve layer model real-model clean \
         deploy-zip deploy-image image-model sam build-WarmLlmFunction build-DepsLayer
 
 $(STAMP): pyproject.toml
@@ -120,6 +120,13 @@ bench-coldstart: $(STAMP)
 bench-serve: $(STAMP)
 	$(PY) -m bench.peers build-server
 	$(PY) -m bench.serve $(BENCH_SERVE_ARGS)
+
+# A fleet (issue 55): 1, 2, 4 resident servers sharing one S3 snapshot store (a moto server on
+# loopback), replaying an agent trace (shared system prompts, multi-turn growth, no affinity):
+# snapshot hit rate, TTFT p50/p99, aggregate tok/s per N. BENCH_FLEET_ARGS: e.g. --servers 1,2.
+# Receipt: bench/results/fleet-*.json.
+bench-fleet: $(STAMP)
+	$(PY) -m bench.fleet $(BENCH_FLEET_ARGS)
 
 # Estimated Graviton cycles, ours and llama.cpp's aarch64 build, from instruction counts under a
 # qemu plugin (docs/arm64.md, "The emulated cost model"). Root for apt; ~1 h on 2 cores.

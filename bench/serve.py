@@ -249,6 +249,9 @@ def default_model() -> Path:
     return path
 
 
+BATCH_DEFAULTS = {"WARMLLM_MAX_NUM_SEQS": "16", "WARMLLM_BATCH_PREFILL_CHUNK": "64", "WARMLLM_BATCH_EXACT": "false"}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.serve", description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="a GGUF (default: the 0.8B shape, real vocabulary)")
@@ -266,7 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     receipt: dict = {"date": time.strftime("%Y-%m-%dT%H:%M:%S"), "cpu": _cpu(), "machine": platform.machine(),
                      "threads": a.threads, "model": str(model.relative_to(ROOT)) if model.is_relative_to(ROOT)
                      else str(model), "tokens": a.tokens, "command": "python -m bench.serve " + " ".join(
-                         argv if argv is not None else sys.argv[1:]), "servers": []}
+                         argv if argv is not None else sys.argv[1:]), "servers": [],
+                     # ours batches as the environment says (function/serve.py's defaults otherwise)
+                     "ours_settings": {k: os.environ.get(k, d) for k, d in BATCH_DEFAULTS.items()}}
     proc, port = start_ours(model, a.threads, queue=max(levels) * 2)
     try:
         receipt["servers"].append(run_server("warmllm", port, model, a, levels))
