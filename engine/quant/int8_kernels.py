@@ -113,10 +113,12 @@ def q4_k_mins(w, nb, out, block_bytes=144):
 
 
 # Up to this many (padded) tokens the Q4_K mins' product is q4_k_mins_product, not q4_k_mins +
-# BLAS: a few tokens (the resident server's decode steps) made the mins matrix (rows x cols/32
-# f32: 32 MB for a 248k-token head) per call, and BLAS's worker threads, woken for a product of
-# 16 rows, kept spinning beside numba's: every numba kernel of the step ran ~8x slower (16
-# sequences of the 0.8B: 27.5 tok/s, 101.7 with BLAS held to one thread; measured).
+# BLAS: a few tokens (the resident server's decode steps) need neither the mins matrix (rows x
+# cols/32 f32 per call: 32 MB for a 248k-row head) nor BLAS's threads. Where OpenBLAS came up
+# before the engine set its thread timeout (numpy imported first), its workers, woken for a
+# 16-row product, spun beside numba's and every kernel of a 16-sequence step ran ~4x slower (the
+# 0.8B: 27.5 tok/s, 111.6 with this kernel); with the engine's settings in force both run at
+# ~113-115 tok/s (measured).
 FUSED_MINS_TOKENS = 16
 
 
