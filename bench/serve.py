@@ -249,7 +249,14 @@ def default_model() -> Path:
     return path
 
 
-BATCH_DEFAULTS = {"WARMLLM_MAX_NUM_SEQS": "16", "WARMLLM_BATCH_PREFILL_CHUNK": "64", "WARMLLM_BATCH_EXACT": "false"}
+def batch_settings() -> dict[str, str]:
+    """The batching our server runs with: the environment's, else the defaults."""
+    from engine import settings as S
+    from function.serve import DEFAULT_MAX_NUM_SEQS
+
+    defaults = {"WARMLLM_MAX_NUM_SEQS": DEFAULT_MAX_NUM_SEQS, "WARMLLM_BATCH_PREFILL_CHUNK": S.DEFAULT_BATCH_PREFILL_CHUNK,
+                "WARMLLM_BATCH_EXACT": False, "WARMLLM_BATCH_PREFILL_RATIO": S.DEFAULT_BATCH_PREFILL_RATIO}
+    return {k: os.environ.get(k, str(d).lower()) for k, d in defaults.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -271,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
                      else str(model), "tokens": a.tokens, "command": "python -m bench.serve " + " ".join(
                          argv if argv is not None else sys.argv[1:]), "servers": [],
                      # ours batches as the environment says (function/serve.py's defaults otherwise)
-                     "ours_settings": {k: os.environ.get(k, d) for k, d in BATCH_DEFAULTS.items()}}
+                     "ours_settings": batch_settings()}
     proc, port = start_ours(model, a.threads, queue=max(levels) * 2)
     try:
         receipt["servers"].append(run_server("warmllm", port, model, a, levels))

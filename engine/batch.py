@@ -12,6 +12,13 @@ A step starts once every generation in flight is waiting on it, or `gather_s` af
 one arrived: one that is still sampling, or writing to a slow client, joins the next step
 instead of holding the others up.
 
+While others decode, a prompt goes in pieces that take at most `prefill_ratio` times the last
+decode step (the measured prefill rate x that time, at least MIN_PIECE tokens): a running
+stream's next token waits about (1 + prefill_ratio) times the batch's own step, whatever the
+arrivals, and a new prompt's first token comes later. Alone, or with `prefill_ratio` 0, a
+prompt goes in whole chunks. (Not in the exact mode: there the pieces are the session's chunks,
+as alone.)
+
 A prefill chunk is the same forward a session runs alone. `decode_batch` multiplies all the
 rows of a step at once (the int8 tiles), which rounds each product ~1 ulp differently from a
 sequence's own decode kernel: greedy outputs stay the same unless two logits tie that closely.
@@ -36,6 +43,7 @@ from engine.state import State
 __all__ = ["BatchedModel", "StepScheduler", "StepStats"]
 
 DEFAULT_GATHER_S = 0.005
+MIN_PIECE = 4          # the fewest prompt tokens a step prefills beside decodes
 
 
 @dataclass
@@ -45,6 +53,7 @@ class _Job:
     token: int = -1
     state: State | None = None
     fn: Callable[[], Any] | None = None
+    tokens: int = 0                # a prefill's prompt tokens (for the measured rate)
     result: Any = None
     error: BaseException | None = None
     done: threading.Event = field(default_factory=threading.Event)
@@ -60,14 +69,18 @@ class StepStats:
     prefill_chunks: int = 0
     mixed_steps: int = 0          # steps that prefilled a chunk beside decoding sequences
     max_rows: int = 0             # the most sequences one step decoded
+    decode_s: float = 0.0         # the last decode step's time
+    prefill_s_per_token: float = 0.0   # the prefill's time per token (exponential average)
 
 
 class StepScheduler:
     """The model thread of a batched engine (see the module doc)."""
 
-    def __init__(self, model: LanguageModel, *, exact: bool = False, gather_s: float = DEFAULT_GATHER_S) -> None:
+    def __init__(self, model: LanguageModel, *, exact: bool = False, prefill_ratio: float = 0.0,
+                 gather_s: float = DEFAULT_GATHER_S) -> None:
         self.model = model
         self.exact = exact
+        self.prefill_ratio = prefill_ratio
         self.gather_s = gather_s
         self.stats = StepStats()
         self._cond = threading.Condition()
@@ -94,9 +107,20 @@ class StepScheduler:
         """One token on `state` in the next step's decode_batch: its (n_vocab,) logits."""
         return self._submit(_Job(token=int(token), state=state))
 
-    def run(self, fn: Callable[[], Any]) -> Any:
-        """`fn()` (a prefill chunk) on the model thread, as one step's prefill."""
-        return self._submit(_Job(fn=fn))
+    def run(self, fn: Callable[[], Any], tokens: int = 0) -> Any:
+        """`fn()` (a prefill chunk of `tokens` tokens) on the model thread, as one step's prefill."""
+        return self._submit(_Job(fn=fn, tokens=tokens))
+
+    def prefill_piece(self, want: int) -> int:
+        """How many of `want` prompt tokens the next step should prefill: all when no other
+        generation is in flight (or nothing is measured yet), else what fits in the last decode
+        step's time (see the module doc)."""
+        s = self.stats
+        with self._cond:
+            alone = self._members <= 1
+        if self.exact or alone or self.prefill_ratio <= 0 or s.decode_s <= 0 or s.prefill_s_per_token <= 0:
+            return want
+        return min(want, max(MIN_PIECE, int(self.prefill_ratio * s.decode_s / s.prefill_s_per_token)))
 
     def close(self) -> None:
         """Finish what is queued, then end the thread."""
@@ -137,6 +161,7 @@ class StepScheduler:
             decodes, prefill = taken
             # the running streams first: their tokens go out while the prefill chunk runs
             if decodes:
+                t0 = time.perf_counter()
                 try:
                     rows = self.model.decode_batch([j.token for j in decodes], [cast(State, j.state) for j in decodes],
                                                    exact=self.exact)
@@ -145,12 +170,18 @@ class StepScheduler:
                 except BaseException as exc:   # every sequence of the step sees it (its session resets)
                     for j in decodes:
                         j.error = exc
+                self.stats.decode_s = time.perf_counter() - t0
                 for j in decodes:
                     j.done.set()
             if prefill is not None:
+                t0 = time.perf_counter()
                 try:
                     assert prefill.fn is not None
                     prefill.result = prefill.fn()
+                    if prefill.tokens:
+                        per = (time.perf_counter() - t0) / prefill.tokens
+                        old = self.stats.prefill_s_per_token
+                        self.stats.prefill_s_per_token = per if old <= 0 else 0.3 * per + 0.7 * old
                 except BaseException as exc:
                     prefill.error = exc
                 prefill.done.set()
@@ -178,12 +209,33 @@ class BatchedModel:
     def forward(self, tokens: np.ndarray, state: State, *, logits: str = "last", hook=None) -> np.ndarray | None:
         if tokens.size == 1 and logits == "last" and hook is None:
             return self.scheduler.decode(int(tokens[0]), state)
-        return self.scheduler.run(lambda: self.model.forward(tokens, state, logits=logits, hook=hook))
+        return self.forward_capturing(tokens, state, (), logits=logits, hook=hook)[0]
 
     def forward_capturing(self, tokens: np.ndarray, state: State, capture: Sequence[int], *,
                           logits: str = "last", hook=None) -> tuple[np.ndarray | None, dict[int, State]]:
-        return self.scheduler.run(
-            lambda: self.model.forward_capturing(tokens, state, capture, logits=logits, hook=hook))
+        """The prompt chunk in pieces as the scheduler says (prefill_piece), each one step's
+        prefill; the captures (absolute positions) and logits as one call would give them."""
+        tokens = np.asarray(tokens)
+        m, sched = self.model, self.scheduler
+        if hook is not None or logits == "all":
+            return sched.run(lambda: m.forward_capturing(tokens, state, capture, logits=logits, hook=hook),
+                             int(tokens.size))
+        done, n = 0, int(tokens.size)
+        out: np.ndarray | None = None
+        states: dict[int, State] = {}
+        while done < n:
+            k = sched.prefill_piece(n - done)
+            start, piece = state.n_tokens, tokens[done:done + k]
+            want = [p for p in capture if start < p <= start + k]
+            mode = logits if done + k == n else "none"
+
+            def step(piece: np.ndarray = piece, want: list[int] = want, mode: str = mode
+                     ) -> tuple[np.ndarray | None, dict[int, State]]:
+                return m.forward_capturing(piece, state, want, logits=mode)
+            out, got = sched.run(step, k)
+            states.update(got)
+            done += k
+        return out, states
 
     def decode_batch(self, tokens: Sequence[int], states: Sequence[State], *, exact: bool = False) -> np.ndarray:
         return self.scheduler.run(lambda: self.model.decode_batch(tokens, states, exact=exact))

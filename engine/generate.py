@@ -150,7 +150,8 @@ class Engine:
         n = self.settings.max_num_seqs
         self.scheduler: StepScheduler | None = None
         if n > 1:    # continuous batching: the model runs on the scheduler's thread (engine/batch.py)
-            self.scheduler = StepScheduler(model, exact=self.settings.batch_exact)
+            self.scheduler = StepScheduler(model, exact=self.settings.batch_exact,
+                                           prefill_ratio=self.settings.batch_prefill_ratio)
             batched = cast(LanguageModel, BatchedModel(model, self.scheduler))
             sessions = [Session(batched, self.settings.batch_prefill_chunk, store=self.snapshots) for _ in range(n)]
         else:

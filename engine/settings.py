@@ -19,6 +19,7 @@ T = TypeVar("T")
 DEFAULT_N_CTX = 32768
 DEFAULT_PREFILL_CHUNK = 512
 DEFAULT_BATCH_PREFILL_CHUNK = 64
+DEFAULT_BATCH_PREFILL_RATIO = 4.0
 DEFAULT_SNAPSHOT_EVERY = 256
 DEFAULT_SNAPSHOT_MEMORY_MB = 512.0
 DEFAULT_SNAPSHOT_DIR_MB = 10240.0
@@ -139,6 +140,9 @@ class Settings:
     # decode kernel, bit for bit its output alone) instead of all rows in the int8 tiles (~2.5x
     # the aggregate at 16 sequences, each product rounded ~1 ulp differently)
     batch_exact: bool = False
+    # WARMLLM_BATCH_PREFILL_RATIO: while others decode, a step's prompt piece takes at most this
+    # many times the last decode step (engine/batch.py); 0: whole WARMLLM_BATCH_PREFILL_CHUNKs
+    batch_prefill_ratio: float = DEFAULT_BATCH_PREFILL_RATIO
     snapshots: SnapshotSettings = SnapshotSettings()
     template_max_chars: int = DEFAULT_TEMPLATE_MAX_CHARS   # TEMPLATE_MAX_CHARS (a chat template's output)
     template_time_s: float = DEFAULT_TEMPLATE_TIME_S       # TEMPLATE_TIME_S (rendering one chat prompt)
@@ -154,6 +158,7 @@ class Settings:
             max_num_seqs=positive_int(env, "WARMLLM_MAX_NUM_SEQS", 1),
             batch_prefill_chunk=positive_int(env, "WARMLLM_BATCH_PREFILL_CHUNK", DEFAULT_BATCH_PREFILL_CHUNK),
             batch_exact=env_value(env, "WARMLLM_BATCH_EXACT", flag, False, takes="true or false"),
+            batch_prefill_ratio=non_negative(env, "WARMLLM_BATCH_PREFILL_RATIO", DEFAULT_BATCH_PREFILL_RATIO),
             snapshots=SnapshotSettings.from_env(env),
             template_max_chars=positive_int(env, "TEMPLATE_MAX_CHARS", DEFAULT_TEMPLATE_MAX_CHARS),
             template_time_s=positive(env, "TEMPLATE_TIME_S", DEFAULT_TEMPLATE_TIME_S),

@@ -189,3 +189,50 @@ def test_a_next_turn_extends_its_own_session_and_snapshots_are_shared(path):
 
 def test_max_num_seqs_one_runs_on_the_callers_thread(alone):
     assert alone.scheduler is None and len(alone.pool.sessions) == 1
+
+
+def test_beside_decodes_a_prompt_goes_in_pieces_no_longer_than_a_decode_step(path):
+    from engine.batch import MIN_PIECE, BatchedModel, StepScheduler
+    from engine.gguf_file import GGUFFile
+    from engine.models import load_model
+
+    model = load_model(GGUFFile(path))
+    sched = StepScheduler(model, prefill_ratio=1.0)
+    try:
+        assert sched.prefill_piece(64) == 64                    # nothing measured yet: whole
+        sched.stats.decode_s, sched.stats.prefill_s_per_token = 0.05, 0.01
+        assert sched.prefill_piece(64) == 64                    # alone: whole
+        with sched.member(), sched.member():                    # another generation in flight
+            assert sched.prefill_piece(64) == 5                 # 50 ms of decode / 10 ms a token
+            assert sched.prefill_piece(3) == 3
+            sched.prefill_ratio = 2.0
+            assert sched.prefill_piece(64) == 10
+            sched.prefill_ratio = 0.0                           # off: whole chunks
+            assert sched.prefill_piece(64) == 64
+            sched.prefill_ratio = 1.0
+            sched.stats.decode_s = 0.001
+            assert sched.prefill_piece(64) == MIN_PIECE
+            # the pieces (5 tokens here; the measured rate moves as they run) give what one pass
+            # gives: the captures at their absolute positions, the last position's logits (up to
+            # the rounding of other chunk boundaries)
+            sched.prefill_piece = lambda want: min(want, 5)
+            tokens = np.asarray(prompt(60, 23), dtype=np.int64)
+            calls = []
+            real = model.forward_capturing
+
+            def counted(t, st, cap, **kw):
+                calls.append((len(t), list(cap), kw.get("logits")))
+                return real(t, st, cap, **kw)
+            model.forward_capturing = counted
+            st = model.new_state()
+            logits, caps = BatchedModel(model, sched).forward_capturing(tokens, st, [7, 20], logits="last")
+            del model.forward_capturing
+            ref_state = model.new_state()
+            ref_logits, ref_caps = model.forward_capturing(tokens, ref_state, [7, 20], logits="last")
+        assert [c[0] for c in calls] == [5, 5, 5, 5, 3] and [c[1] for c in calls] == [[], [7], [], [20], []]
+        assert [c[2] for c in calls] == ["none"] * 4 + ["last"]
+        assert st.n_tokens == 23 and sorted(caps) == [7, 20] and caps[7].n_tokens == 7
+        assert np.allclose(logits, ref_logits, rtol=1e-3, atol=1e-3 * np.abs(ref_logits).max())
+        assert int(np.argmax(logits)) == int(np.argmax(ref_logits))
+    finally:
+        sched.close()
