@@ -19,11 +19,13 @@ arrivals, and a new prompt's first token comes later. Alone, or with `prefill_ra
 prompt goes in whole chunks. (Not in the exact mode: there the pieces are the session's chunks,
 as alone.)
 
-A prefill chunk is the same forward a session runs alone. `decode_batch` multiplies all the
-rows of a step at once (the int8 tiles), which rounds each product ~1 ulp differently from a
-sequence's own decode kernel: greedy outputs stay the same unless two logits tie that closely.
-With `exact` (WARMLLM_BATCH_EXACT) it takes the rows one at a time, bit for bit each sequence's
-own decode, at ~0.4x the aggregate speed.
+`decode_batch` multiplies all the rows of a step at once (the int8 tiles), which rounds each
+product ~1 ulp differently from a sequence's own decode kernel, and a prompt's pieces round
+differently from its whole chunks: a stream's logits stay within rounding of its run alone, but
+the difference compounds over its steps (through the f16 K/V cache) and a greedy pick between
+two nearly tied logits can change. With `exact` (WARMLLM_BATCH_EXACT) a step takes the rows one at
+a time and prompts go in the session's own chunks: bit for bit each sequence's run alone, at
+~0.4x the aggregate speed.
 """
 from __future__ import annotations
 

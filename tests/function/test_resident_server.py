@@ -386,7 +386,7 @@ def test_streams_decoding_together_write_what_they_write_alone(rt_batched, tiny_
 def test_a_full_batch_and_queue_answer_429_naming_both_limits(rt_batched, tiny_model_path, monkeypatch):
     slow_engine(rt_batched, monkeypatch)
     with serve_in_thread(rt_batched, ServeSettings(queue=1)) as (url, app):
-        running = [StreamReader(url, body(tiny_model_path, 200)).start() for _ in range(4)]
+        running = [StreamReader(url, body(tiny_model_path, 400)).start() for _ in range(4)]
         assert wait_for(lambda: all(r.first_at is not None for r in running), 120)   # four at once
         waiting = StreamReader(url, body(tiny_model_path, 4)).start()
         assert wait_for(lambda: app.load.waiting == 1, 60)
