@@ -13,7 +13,7 @@ from .njit_base import MV as _MV
 from .njit_base import f16_at as _f16_at
 from .njit_base import scale_min_k4
 
-__all__ = ["FUSED_MINS_TOKENS", "ROW_CHUNK", "mm_k_q8k", "mm_q5_k_q8k", "mm_q8_0_q8", "mv_k_q8k", "mv_q5_k_q8k", "mv_q8_0_q8",
+__all__ = ["FUSED_MINS_TOKENS", "ROW_CHUNK", "mm_k_q8k", "mm_q4_k_q8k_few", "mm_q5_k_q8k", "mm_q8_0_q8", "mv_k_q8k", "mv_q5_k_q8k", "mv_q8_0_q8",
            "q4_k_mins", "q4_k_mins_product"]
 
 _F32 = np.float32
@@ -84,6 +84,36 @@ def mm_k_q8k(w, xq, xd, xs16, out, knobs, q6):
 
 
 @njit(**_MV)
+def mm_q4_k_q8k_few(w, xq, xd, xs16, sums32, out, knobs, block_bytes=144):
+    """mm_k_q8k for Q4_K and at most FUSED_MINS_TOKENS tokens, the mins' product of each row
+    (q4_k_mins_product's sum) made beside its tiles in the same launch: a decode step of the
+    resident server's batch multiplies ~160 small matrices, and a second parallel launch for each
+    cost as much as the sums."""
+    tp = out.shape[0]
+    nb = xd.shape[0] // tp
+    cols = nb * 256
+    rows = w.shape[0]
+    k = nb * 8
+    for c in prange((rows + ROW_CHUNK - 1) // ROW_CHUNK):
+        res = np.empty(WIDE_TILE, np.float32)
+        mins = np.empty(k, np.float32)
+        for r in range(c * ROW_CHUNK, min(rows, (c + 1) * ROW_CHUNK)):
+            for i in range(nb):
+                p = i * block_bytes
+                dmin = _f16_at(w[r], p + 2)
+                for j in range(8):
+                    mins[8 * i + j] = dmin * scale_min_k4(w[r], p + 4, j)[1]
+            for t0 in range(0, tp, WIDE_TILE):
+                q4_k_row_dot_tile(w[r], nb, xq, t0 * cols, cols, xd, t0 * nb, nb,
+                                  xs16, t0 * cols // 16, cols // 16, res, knobs)
+                for t in range(WIDE_TILE):
+                    m = np.float32(0.0)
+                    for q in range(k):
+                        m += mins[q] * sums32[t0 + t, q]
+                    out[t0 + t, r] = res[t] - m
+
+
+@njit(**_MV)
 def mm_q5_k_q8k(w, xq, xd, xs16, out, knobs):
     # mm_k_q8k for Q5_K (arm64 only, arm/neon.py): out holds the mins' product on entry
     tp = out.shape[0]
@@ -112,9 +142,10 @@ def q4_k_mins(w, nb, out, block_bytes=144):
                 out[r, 8 * i + j] = dmin * scale_min_k4(w[r], p + 4, j)[1]
 
 
-# Up to this many (padded) tokens the Q4_K mins' product is q4_k_mins_product, not q4_k_mins +
-# BLAS: a few tokens (the resident server's decode steps) need neither the mins matrix (rows x
-# cols/32 f32 per call: 32 MB for a 248k-row head) nor BLAS's threads. Where OpenBLAS came up
+# Up to this many (padded) tokens the mins' product is made without q4_k_mins + BLAS: in the
+# tile's own launch for x86's Q4_K (mm_q4_k_q8k_few), by q4_k_mins_product for arm64's Q5_K. A few
+# tokens (the resident server's decode steps) need neither the mins matrix (rows x cols/32 f32
+# per call: 32 MB for a 248k-row head) nor BLAS's threads. Where OpenBLAS came up
 # before the engine set its thread timeout (numpy imported first), its workers, woken for a
 # 16-row product, spun beside numba's and every kernel of a 16-sequence step ran ~4x slower (the
 # 0.8B: 27.5 tok/s, 111.6 with this kernel); with the engine's settings in force both run at

@@ -36,7 +36,7 @@ from .arm.x4 import release_pages, repack_x4
 from .float_kernels import prepare_scales
 from .formats import get_format, quantize, row_bytes
 from .int8_dot import TILE, WIDE_TILE
-from .int8_kernels import FUSED_MINS_TOKENS, q4_k_mins, q4_k_mins_product
+from .int8_kernels import FUSED_MINS_TOKENS, mm_k_q8k, mm_q4_k_q8k_few, q4_k_mins, q4_k_mins_product
 from .kernel_rows import Int8Kernels, TileCall
 from .traits import float_row, generic_int8_row, int8_row
 from .x86 import avx2, avx512  # noqa: F401 (they register their block bodies with int8_dot)
@@ -233,6 +233,10 @@ class MatvecPlan:
         if k.tile_call == TileCall.PANEL:
             qp, xsf = a.p16()
             k.tile(self.w, qp, a.d, xsf, out)
+            return out[:a.tokens]
+        if k.tile is mm_k_q8k and k.mins_block and a.padded <= FUSED_MINS_TOKENS:
+            # x86's Q4_K, a few tokens: the mins' product in the tile's own launch
+            mm_q4_k_q8k_few(self.w, a.q, a.d, a.sums16, a.scaled_sums32, out, k.tile_args[0], k.mins_block)
             return out[:a.tokens]
         if k.mins_block and not k.x4 and a.padded <= FUSED_MINS_TOKENS:
             q4_k_mins_product(self.w, self.cols // 256, a.scaled_sums32, out, k.mins_block)
