@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
@@ -93,29 +93,6 @@ def _stop_hold(text: str, stops: Sequence[str]) -> int:
                 hold = max(hold, n)
                 break
     return hold
-
-
-@dataclass
-class _Plan:
-    """A generate() call once its prompt is tokenized and its constraint compiled."""
-
-    ids: list[int]
-    boundaries: list[int]
-    tokenize_ms: float
-    limit: int
-    pick: TokenPicker
-    constraint: Constraint | None
-    stops: list[str]
-    budget: int | None
-    timings: dict[str, float]
-    deadline: float | None
-    on_text: Callable[[str], None] | None
-    admit: Callable[[int], None] | None
-
-
-def astuple_shallow(obj: object) -> tuple:
-    """A dataclass's fields in order, not copied (dataclasses.astuple deep-copies)."""
-    return tuple(getattr(obj, f.name) for f in fields(obj))  # type: ignore[arg-type]
 
 
 class Engine:
@@ -328,8 +305,7 @@ class Engine:
     def _encode_reusing(self, prompt: str | Sequence[Piece]) -> tuple[list[int], int]:
         """Tokenize `prompt` (text, or a chat prompt's pieces); if it begins with exactly what a
         warm session holds (the most recently used first), keep those tokens and tokenize only the
-        rest. After a chat turn the
-        session holds the prompt plus the model's own reply tokens; the next turn's rendering
+        rest. After a chat turn the session holds the prompt plus the model's own reply tokens; the next turn's rendering
         contains the same reply text, and re-tokenizing it may pick different (equally valid)
         tokens, which would break `extend`. Pieces must agree marker for marker: text equal to
         a held marker's is no marker (a field typed ``<|im_end|>`` must not inherit one).
@@ -413,82 +389,76 @@ class Engine:
         # written for the model (engine/reasoning.py)
         budget = reasoning_budget(limit) if shaped and constraint is not None and constraint.reasoning_open else None
 
-        # Background snapshot writes wait until the first token is out: the prefill and the
-        # first sample must not share the CPU with serialising and uploading a snapshot.
+        # the session this generation runs on (the pool's: engine/batch.py when batching)
         with self.pool.acquire(ids) as session, \
                 (self.scheduler.member() if self.scheduler is not None else nullcontext()):
-            return self._generate(session, _Plan(ids, boundaries, tokenize_ms, limit, pick, constraint, stops,
-                                                 budget, timings, deadline, on_text, admit))
-
-    def _generate(self, session: Session, plan: _Plan) -> GenerationResult:
-        """generate() on the session it took: the prefill, then the decode loop."""
-        (ids, boundaries, tokenize_ms, limit, pick, constraint, stops, budget, timings, deadline, on_text,
-         admit) = astuple_shallow(plan)
-        forced: list[int] = []
-        try:
-            with self.snapshots.writes_held():
-                pre = session.prefill(ids, boundaries, deadline=deadline, admit=admit)
-                t1 = time.perf_counter()
-                tok = pick(pre.logits)
-        except PrefillDeadline as cut:
-            assert isinstance(cut.result, PrefillResult)
+            forced: list[int] = []
+            # Background snapshot writes wait until the first token is out: the prefill and the
+            # first sample must not share the CPU with serialising and uploading a snapshot.
+            try:
+                with self.snapshots.writes_held():
+                    pre = session.prefill(ids, boundaries, deadline=deadline, admit=admit)
+                    t1 = time.perf_counter()
+                    tok = pick(pre.logits)
+            except PrefillDeadline as cut:
+                assert isinstance(cut.result, PrefillResult)
+                pick.close()
+                return GenerationResult(text="", token_ids=[], finish_reason="length", prompt_tokens=len(ids),
+                                        max_tokens=limit, deadline_hit=True, tokenize_ms=tokenize_ms, decode_ms=0.0,
+                                        prefill=cut.result)
+            decoder = self.tokenizer.incremental_decoder()
+            eog = self.tokenizer.eog_ids
+            out: list[int] = []
+            text = ""
+            emitted = 0
+            finish = "length"
+            stopped_by_string = False
+            deadline_hit = False
+            while True:
+                if tok in eog:
+                    finish = "stop"
+                    break
+                out.append(tok)
+                pick.accept(tok)
+                text += decoder.feed(tok)
+                hit = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
+                if hit >= 0:
+                    text = text[:hit]
+                    finish = "stop"
+                    stopped_by_string = True
+                    break
+                if on_text:
+                    safe = len(text) - _stop_hold(text, stops)
+                    if safe > emitted:
+                        on_text(text[emitted:safe])
+                        emitted = safe
+                if pick.finished:  # the grammar is complete: only end-of-generation could follow
+                    finish = "stop"
+                    break
+                if len(out) >= limit:
+                    break
+                if deadline is not None and time.monotonic() >= deadline:
+                    deadline_hit = True
+                    break
+                logits = session.step(tok)
+                if budget is not None and not forced and constraint is not None and constraint.reasoning_open \
+                        and len(out) >= budget:
+                    close = self.tokenizer.encode(close_text(self.conventions), add_special=False)
+                    if len(out) + len(close) < limit:  # the marker and at least one answer token fit
+                        forced = close
+                    budget = None
+                tok = pick.force(logits, forced.pop(0)) if forced else pick(logits)
             pick.close()
-            return GenerationResult(text="", token_ids=[], finish_reason="length", prompt_tokens=len(ids),
-                                    max_tokens=limit, deadline_hit=True, tokenize_ms=tokenize_ms, decode_ms=0.0,
-                                    prefill=cut.result)
-        decoder = self.tokenizer.incremental_decoder()
-        eog = self.tokenizer.eog_ids
-        out: list[int] = []
-        text = ""
-        emitted = 0
-        finish = "length"
-        stopped_by_string = False
-        deadline_hit = False
-        while True:
-            if tok in eog:
-                finish = "stop"
-                break
-            out.append(tok)
-            pick.accept(tok)
-            text += decoder.feed(tok)
-            hit = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
-            if hit >= 0:
-                text = text[:hit]
-                finish = "stop"
-                stopped_by_string = True
-                break
-            if on_text:
-                safe = len(text) - _stop_hold(text, stops)
-                if safe > emitted:
-                    on_text(text[emitted:safe])
-                    emitted = safe
-            if pick.finished:  # the grammar is complete: only end-of-generation could follow
-                finish = "stop"
-                break
-            if len(out) >= limit:
-                break
-            if deadline is not None and time.monotonic() >= deadline:
-                deadline_hit = True
-                break
-            logits = session.step(tok)
-            if budget is not None and not forced and constraint is not None and constraint.reasoning_open \
-                    and len(out) >= budget:
-                close = self.tokenizer.encode(close_text(self.conventions), add_special=False)
-                if len(out) + len(close) < limit:  # the marker and at least one answer token fit
-                    forced = close
-                budget = None
-            tok = pick.force(logits, forced.pop(0)) if forced else pick(logits)
-        pick.close()
-        if not stopped_by_string:
-            text += decoder.flush()
-        if on_text and len(text) > emitted:
-            on_text(text[emitted:])
-        decode_ms = (time.perf_counter() - t1) * 1e3
-        return GenerationResult(text=text, token_ids=out, finish_reason=finish, prompt_tokens=len(ids),
-                                max_tokens=limit, deadline_hit=deadline_hit, tokenize_ms=tokenize_ms,
-                                decode_ms=decode_ms, prefill=pre,
-                                # one entry per token of `out`: not the end-of-generation token
-                                # picked last, which the text and the usage leave out too
-                                logprobs=pick.logprobs[:len(out)] if pick.logprobs is not None else None,
-                                grammar_timings={**timings, **pick.timings()},
-                                grammar_error=constraint.error if constraint is not None else None)
+            if not stopped_by_string:
+                text += decoder.flush()
+            if on_text and len(text) > emitted:
+                on_text(text[emitted:])
+            decode_ms = (time.perf_counter() - t1) * 1e3
+            return GenerationResult(text=text, token_ids=out, finish_reason=finish, prompt_tokens=len(ids),
+                                    max_tokens=limit, deadline_hit=deadline_hit, tokenize_ms=tokenize_ms,
+                                    decode_ms=decode_ms, prefill=pre,
+                                    # one entry per token of `out`: not the end-of-generation token
+                                    # picked last, which the text and the usage leave out too
+                                    logprobs=pick.logprobs[:len(out)] if pick.logprobs is not None else None,
+                                    grammar_timings={**timings, **pick.timings()},
+                                    grammar_error=constraint.error if constraint is not None else None)
