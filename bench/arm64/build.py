@@ -4,7 +4,8 @@
 
 1. Tools from Debian (`apt-get install` when missing; root): `qemu-user` (the dynamic
    `qemu-aarch64`: `qemu-user-static` cannot load plugins), `gcc-aarch64-linux-gnu`,
-   `g++-aarch64-linux-gnu`.
+   `g++-aarch64-linux-gnu`, and `llvm-19` (`llvm-mca-19`, `llvm-mc-19`, `llvm-objdump-19` for the
+   per-block pricing, bench/arm64/mca.py).
 2. `qemu-plugin.h` of the installed qemu (7.2): Debian bookworm ships it in no binary package,
    so it comes from Debian's source package (`apt-get source --download-only qemu`, which needs
    a `deb-src` line; the script adds one for bookworm when apt has none) and only that header is
@@ -35,7 +36,7 @@ QEMU = "qemu-aarch64"
 # llama.cpp's -march per Graviton generation, as the issue specifies: N1 (Graviton2) Armv8.2 +
 # dotprod; V1 (Graviton3) Armv8.4 + SVE + i8mm + bf16.
 ARCH = {"neoverse-n1": "armv8.2-a+dotprod", "neoverse-v1": "armv8.4-a+sve+i8mm+bf16"}
-TOOLS = {"qemu-user": QEMU, "gcc-aarch64-linux-gnu": "aarch64-linux-gnu-gcc",
+TOOLS = {"qemu-user": QEMU, "gcc-aarch64-linux-gnu": "aarch64-linux-gnu-gcc", "llvm-19": "llvm-mca-19",
          "g++-aarch64-linux-gnu": "aarch64-linux-gnu-g++"}
 DEB_SRC = """Types: deb-src
 URIs: http://deb.debian.org/debian

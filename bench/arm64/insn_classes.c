@@ -3,7 +3,7 @@
  * insn_classes: a qemu TCG plugin that counts the aarch64 instructions a program executes, by
  * class, for `make bench-arm64`'s cost model (bench/arm64/cost.py).
  *
- *   qemu-aarch64 -plugin .bench/arm64/insn_classes.so,out=FILE[,mode=tb|insn] PROGRAM...
+ *   qemu-aarch64 -plugin .bench/arm64/insn_classes.so,out=FILE[,mode=tb|insn][,blocks=FILE] PROGRAM...
  *
  * Classes (decoded from the A64 encoding at translation time; the table is insn_class() and
  * tests/bench/test_arm64_cost.py checks it on assembled instruction words):
@@ -24,12 +24,21 @@
  * (qemu_plugin_register_vcpu_insn_exec_inline), several times slower. They differ only when a
  * block is left in the middle (a fault), which the benchmarked programs do not do.
  *
+ * Blocks (blocks=FILE, for the per-block pricing of bench/arm64/mca.py): every translation block
+ * also gets a counter of its own, and the plugin writes, per block, its address, its instruction
+ * words and its execution count at each mark and at exit (text, one block a line):
+ *   warmllm-blocks 1
+ *   marks <n> <phase>...
+ *   <vaddr hex> <n insns> <words: 8 hex digits each, concatenated> <count at mark 0> ... <total>
+ * A block translated again (a flush, another entry point) is another line: the reader merges.
+ *
  * Phases: the program calls lseek(-1, MARK_MAGIC, phase) (EBADF on any kernel); the plugin's
  * syscall callback snapshots the counters with the phase id. At exit it writes JSON:
  *   {"classes": [...], "mode": "tb", "marks": [{"phase": p, "counts": [...]}, ...], "total": [...]}
  * The counters are shared by all vCPUs (threads) and updated without atomics: run one thread.
  */
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,6 +59,34 @@ static int n_marks;
 static int per_insn;
 static char *out_path;
 
+/* blocks=FILE: one record per translated block, its counter updated inline on each execution */
+struct block { uint64_t vaddr; size_t n; uint32_t *words; uint64_t count; };
+static char *blocks_path;
+static struct block **blocks;
+static size_t n_blocks, cap_blocks;
+static uint64_t *block_marks[MAX_MARKS];  /* each block's count at mark m (blocks[0..n_at_mark)) */
+static size_t block_marks_n[MAX_MARKS];
+static pthread_mutex_t blocks_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void record_block(struct qemu_plugin_tb *tb, size_t n) {
+    struct block *b = calloc(1, sizeof *b);
+    uint32_t *words = malloc(n * sizeof *words);
+    if (!b || !words) { fprintf(stderr, "insn_classes: out of memory\n"); exit(1); }
+    for (size_t i = 0; i < n; i++) memcpy(&words[i], qemu_plugin_insn_data(qemu_plugin_tb_get_insn(tb, i)), 4);
+    b->vaddr = qemu_plugin_tb_vaddr(tb);
+    b->n = n;
+    b->words = words;
+    pthread_mutex_lock(&blocks_lock);
+    if (n_blocks == cap_blocks) {
+        cap_blocks = cap_blocks ? 2 * cap_blocks : 4096;
+        blocks = realloc(blocks, cap_blocks * sizeof *blocks);
+        if (!blocks) { fprintf(stderr, "insn_classes: out of memory\n"); exit(1); }
+    }
+    blocks[n_blocks++] = b;
+    pthread_mutex_unlock(&blocks_lock);
+    qemu_plugin_register_vcpu_tb_exec_inline(tb, QEMU_PLUGIN_INLINE_ADD_U64, &b->count, 1);
+}
+
 static void vcpu_tb_trans(qemu_plugin_id_t id, struct qemu_plugin_tb *tb) {
     size_t n = qemu_plugin_tb_n_insns(tb);
     uint64_t in_tb[N_CLASSES] = {0};
@@ -63,6 +100,7 @@ static void vcpu_tb_trans(qemu_plugin_id_t id, struct qemu_plugin_tb *tb) {
         else
             in_tb[c]++;
     }
+    if (blocks_path) record_block(tb, n);
     if (!per_insn)
         for (int c = 0; c < N_CLASSES; c++)
             if (in_tb[c]) qemu_plugin_register_vcpu_tb_exec_inline(tb, QEMU_PLUGIN_INLINE_ADD_U64, &counts[c], in_tb[c]);
@@ -73,6 +111,14 @@ static void vcpu_syscall(qemu_plugin_id_t id, unsigned int vcpu, int64_t num, ui
     if (num != NR_LSEEK_AARCH64 || a1 != UINT64_MAX || a2 != MARK_MAGIC || n_marks == MAX_MARKS) return;
     marks[n_marks].phase = (int64_t)a3;
     memcpy(marks[n_marks].counts, counts, sizeof counts);
+    if (blocks_path) {
+        pthread_mutex_lock(&blocks_lock);
+        block_marks[n_marks] = malloc((n_blocks ? n_blocks : 1) * sizeof(uint64_t));
+        if (!block_marks[n_marks]) { fprintf(stderr, "insn_classes: out of memory\n"); exit(1); }
+        for (size_t i = 0; i < n_blocks; i++) block_marks[n_marks][i] = blocks[i]->count;
+        block_marks_n[n_marks] = n_blocks;
+        pthread_mutex_unlock(&blocks_lock);
+    }
     n_marks++;
 }
 
@@ -82,7 +128,25 @@ static void write_counts(FILE *f, const uint64_t *c) {
     fputc(']', f);
 }
 
+static void write_blocks(void) {
+    FILE *f = fopen(blocks_path, "w");
+    if (!f) { fprintf(stderr, "insn_classes: cannot write blocks=%s\n", blocks_path); return; }
+    fprintf(f, "warmllm-blocks 1\nmarks %d", n_marks);
+    for (int m = 0; m < n_marks; m++) fprintf(f, " %" PRId64, marks[m].phase);
+    fputc('\n', f);
+    for (size_t i = 0; i < n_blocks; i++) {
+        const struct block *b = blocks[i];
+        if (!b->count) continue;  /* translated, never run */
+        fprintf(f, "%" PRIx64 " %zu ", b->vaddr, b->n);
+        for (size_t k = 0; k < b->n; k++) fprintf(f, "%08" PRIx32, b->words[k]);
+        for (int m = 0; m < n_marks; m++) fprintf(f, " %" PRIu64, i < block_marks_n[m] ? block_marks[m][i] : 0);
+        fprintf(f, " %" PRIu64 "\n", b->count);
+    }
+    fclose(f);
+}
+
 static void plugin_exit(qemu_plugin_id_t id, void *p) {
+    if (blocks_path) write_blocks();
     FILE *f = out_path ? fopen(out_path, "w") : stderr;
     if (!f) { fprintf(stderr, "insn_classes: cannot write out=%s\n", out_path); return; }
     fputs("{\"classes\": [", f);
@@ -108,7 +172,8 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_
         if (strncmp(argv[i], "out=", 4) == 0) out_path = strdup(argv[i] + 4);
         else if (strcmp(argv[i], "mode=insn") == 0) per_insn = 1;
         else if (strcmp(argv[i], "mode=tb") == 0) per_insn = 0;
-        else { fprintf(stderr, "insn_classes: unknown argument %s (out=FILE, mode=tb|insn)\n", argv[i]); return -1; }
+        else if (strncmp(argv[i], "blocks=", 7) == 0) blocks_path = strdup(argv[i] + 7);
+        else { fprintf(stderr, "insn_classes: unknown argument %s (out=FILE, mode=tb|insn, blocks=FILE)\n", argv[i]); return -1; }
     }
     qemu_plugin_register_vcpu_tb_trans_cb(id, vcpu_tb_trans);
     qemu_plugin_register_vcpu_syscall_cb(id, vcpu_syscall);

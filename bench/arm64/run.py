@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from bench import cpu_name
-from bench.arm64 import build, cost
+from bench.arm64 import build, cost, mca
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -41,6 +41,9 @@ RESULTS = ROOT / "bench" / "results"
 # neoverse-v1 model; `max` with Graviton3's 256-bit SVE (as make test-arm64 runs V1).
 QEMU_CPU = {"neoverse-n1": "neoverse-n1", "neoverse-v1": "max,sve256=on"}
 PHASES = ("prefill_p1", "prefill_p2", "decode")
+# The cores each target's binaries are priced on per block (mca.py). Lambda compiles for N1 on
+# every Graviton (the image's numba target), so the N1 build is priced on V1 and V2 as well.
+PRICE_ON = {"neoverse-n1": ("neoverse-n1", "neoverse-v1", "neoverse-v2"), "neoverse-v1": ("neoverse-v1", "neoverse-v2")}
 
 
 def _model(preset: str, weights: str) -> Path:
@@ -84,10 +87,13 @@ def measure(target: str, model: Path, sizes: list[int], out_dir: Path, reuse: bo
     side whose `<target>-<side>.json` and `.out` are already in `out_dir` is not run again."""
     plugin = build.build_plugin()
     qemu = shutil.which(build.QEMU) or build.QEMU
+
+    def args(side: str) -> str:
+        return f"{plugin},out={out_dir / f'{target}-{side}.json'},blocks={out_dir / f'{target}-{side}.blocks'}"
+
     runs = {
-        "ours": (_our_cmd([qemu, "-plugin", f"{plugin},out={out_dir / f'{target}-ours.json'}"], model, sizes),
-                 _our_env(target)),
-        "llama": ([qemu, "-cpu", QEMU_CPU[target], "-plugin", f"{plugin},out={out_dir / f'{target}-llama.json'}",
+        "ours": (_our_cmd([qemu, "-plugin", args("ours")], model, sizes), _our_env(target)),
+        "llama": ([qemu, "-cpu", QEMU_CPU[target], "-plugin", args("llama"),
                    str(build.driver_path(target)), str(model), *map(str, sizes)],
                   {"PATH": os.environ.get("PATH", "")}),
     }
@@ -111,7 +117,28 @@ def measure(target: str, model: Path, sizes: list[int], out_dir: Path, reuse: bo
     for side in runs:
         info = json.loads((out_dir / f"{target}-{side}.out").read_text().strip().splitlines()[-1])
         counts = json.loads((out_dir / f"{target}-{side}.json").read_text())
-        out[side] = {"info": info, "plugin": counts, "wall_s": wall.get(side)}
+        blocks = out_dir / f"{target}-{side}.blocks"
+        out[side] = {"info": info, "plugin": counts, "wall_s": wall.get(side),
+                     "blocks": blocks if blocks.exists() else None}
+    return out
+
+
+def per_block(target: str, runs: dict, coverage: float = mca.COVERAGE) -> dict:
+    """Each phase of both sides priced block by block on each core of PRICE_ON[target]."""
+    execs = {side: mca.phase_executions(mca.read_blocks(runs[side]["blocks"]), PHASES) for side in runs}
+    asm = {}
+    for side, phases in execs.items():  # each side's hot blocks disassembled once for every core
+        hot = sorted({w for ph in phases.values() for w in mca.hottest(ph, coverage)})
+        asm[side] = dict(zip(hot, mca.disassemble(hot)))
+    out: dict = {}
+    for core in PRICE_ON[target]:
+        out[core] = {}
+        for ph in PHASES:
+            p = {side: mca.price(execs[side][ph], core, coverage, asm[side]) for side in runs}
+            out[core][ph] = {side: {k: round(v, 4) if isinstance(v, float) else v for k, v in vars(p[side]).items()}
+                             for side in p}
+            out[core][ph]["ratio_cycles"] = (round(p["ours"].cycles / p["llama"].cycles, 3)
+                                             if p["llama"].cycles else None)
     return out
 
 
@@ -124,7 +151,8 @@ def report(target: str, runs: dict) -> dict:
             "rows": {c: {"recip": r.recip, "group": r.group, "source": r.source} for c, r in core.rows.items()},
             "ours_info": runs["ours"]["info"], "llama_info": runs["llama"]["info"],
             "wall_s": {s: runs[s]["wall_s"] for s in runs},
-            "phases": {ph: cost.compare(ours[ph], llama[ph], core) for ph in PHASES}}
+            "phases": {ph: cost.compare(ours[ph], llama[ph], core) for ph in PHASES},
+            "per_block": (per_block(target, runs) if all(runs[s].get("blocks") for s in runs) else None)}
 
 
 def _print(rep: dict, sizes: list[int]) -> None:
@@ -137,6 +165,10 @@ def _print(rep: dict, sizes: list[int]) -> None:
         print(f"{names[ph]:<14}{o['instructions'] / 1e6:>11.0f}{m['instructions'] / 1e6:>12.0f}{o['serial_cycles'] / 1e6:>11.0f}"
               f"{m['serial_cycles'] / 1e6:>11.0f}{r['ratio_serial_cycles']:>8.2f}{r['ratio_bound_cycles']:>7.2f}  "
               f"{' '.join(c for c, _ in o['top_classes'][:3])} | {' '.join(c for c, _ in m['top_classes'][:3])}")
+    for core, phases in (rep.get("per_block") or {}).items():
+        print(f"  per block on {core} (llvm-mca), ours / llama.cpp cycles: "
+              + ", ".join(f"{names[ph]} {r['ratio_cycles']} (covered {r['ours']['covered']:.2f} / "
+                          f"{r['llama']['covered']:.2f})" for ph, r in phases.items()))
 
 
 def main(argv: list[str] | None = None) -> int:

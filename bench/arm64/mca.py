@@ -1,0 +1,215 @@
+"""Per-block pricing for `make bench-arm64`: the translation blocks a phase executed, priced by
+`llvm-mca` on a Neoverse core's scheduling model.
+
+The class model (bench/arm64/cost.py) prices instruction counts by class with no overlap
+(serial) or by the busiest pipe group (bound). This one prices the code itself: the counting
+plugin's `blocks=FILE` output (bench/arm64/insn_classes.c) gives each translation block's
+instruction words and its execution count per phase; the hottest blocks, covering at least
+`COVERAGE` of the phase's executed instructions, are disassembled (`llvm-mc` assembles the
+words as `.inst`, `llvm-objdump` prints them back) and go through one `llvm-mca -mcpu=<core>`
+run as one code region each. A block's price is llvm-mca's cycles per iteration of it (`Total
+Cycles / Iterations`), which sees what the class model cannot: the pipes each instruction may
+issue to (V0-only, V1-only), multi-micro-op loads and stores (LD1 of 2-4 registers, Q-form
+stores), the dispatch width, and the dependency chains a block carries into its next
+execution (an accumulator's latency in a hot loop). The phase's cycles are Σ executions ×
+cycles per iteration over the priced blocks, scaled up by the instructions left out (priced at
+the covered blocks' mean cycles per instruction); the receipt says how much was left out.
+
+What llvm-mca leaves out: caches and memory (every load hits L1), branch prediction (a block
+is a straight line that repeats), and the front end beyond the dispatch width. Needs LLVM 19
+(Debian's `llvm-19`: it knows neoverse-n1, -v1 and -v2; the default LLVM 14 lacks V2).
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+COVERAGE = 0.95
+ITERATIONS = 100
+LLVM_VERSION = 19
+CORES = ("neoverse-n1", "neoverse-v1", "neoverse-v2")
+# every feature a Graviton's code may use, so that llvm-objdump decodes every word it is given;
+# llvm-mca then parses each line for the core it prices (an instruction that core lacks is
+# skipped and counted)
+DISASSEMBLE_ATTRS = "+v9a,+sve2,+i8mm,+bf16,+dotprod,+fullfp16,+fp16fml,+lse,+rcpc,+crypto,+sha3,+sm4"
+_BRANCH_TARGET = re.compile(r"0x[0-9a-f]+ <[^>]*>")
+
+
+def tool(name: str) -> str:
+    """`llvm-mca-19` etc.; the error says how to get it."""
+    exe = shutil.which(f"{name}-{LLVM_VERSION}")
+    if exe is None:
+        raise FileNotFoundError(f"{name}-{LLVM_VERSION} not found: apt-get install llvm-{LLVM_VERSION} "
+                                "(python -m bench.arm64.build installs it)")
+    return exe
+
+
+@dataclass(frozen=True)
+class Block:
+    vaddr: int
+    words: tuple[int, ...]
+    counts: tuple[int, ...]  # executions up to each mark, then the total at exit
+
+
+@dataclass(frozen=True)
+class BlockFile:
+    phases: tuple[int, ...]  # the marks' phase ids, in the order they were taken
+    blocks: tuple[Block, ...]
+
+
+def read_blocks(path: Path) -> BlockFile:
+    """The plugin's `blocks=FILE` output."""
+    lines = Path(path).read_text().splitlines()
+    if not lines or lines[0] != "warmllm-blocks 1":
+        raise ValueError(f"{path}: not a blocks file of insn_classes.so (first line {lines[:1]})")
+    head = lines[1].split()
+    if head[0] != "marks" or len(head) != 2 + int(head[1]):
+        raise ValueError(f"{path}: bad marks line {lines[1]!r}")
+    phases = tuple(int(p) for p in head[2:])
+    blocks = []
+    for ln in lines[2:]:
+        f = ln.split()
+        n = int(f[1])
+        hexw = f[2]
+        if len(hexw) != 8 * n or len(f) != 4 + len(phases):
+            raise ValueError(f"{path}: bad block line {ln[:80]!r}")
+        words = tuple(int(hexw[8 * i:8 * i + 8], 16) for i in range(n))
+        blocks.append(Block(int(f[0], 16), words, tuple(int(c) for c in f[3:])))
+    return BlockFile(phases, tuple(blocks))
+
+
+def phase_executions(bf: BlockFile, names: Sequence[str]) -> dict[str, dict[tuple[int, ...], int]]:
+    """Executions per phase of each distinct block (its words: the same code translated twice,
+    or at two addresses, is one block to price). `names[i]` is the span from the mark of phase i
+    to the mark of phase i + 1, as cost.phase_counts reads the class counters."""
+    order = sorted(range(len(bf.phases)), key=lambda i: bf.phases[i])
+    if [bf.phases[i] for i in order] != list(range(len(names) + 1)):
+        raise ValueError(f"marks {list(bf.phases)}: expected phases 0..{len(names)} (did the program finish?)")
+    out: dict[str, dict[tuple[int, ...], int]] = {}
+    for k, name in enumerate(names):
+        a, b = order[k], order[k + 1]
+        execs: dict[tuple[int, ...], int] = {}
+        for blk in bf.blocks:
+            d = blk.counts[b] - blk.counts[a]
+            if d:
+                execs[blk.words] = execs.get(blk.words, 0) + d
+        out[name] = execs
+    return out
+
+
+def hottest(execs: Mapping[tuple[int, ...], int], coverage: float = COVERAGE) -> list[tuple[int, ...]]:
+    """The blocks with the most executed instructions, until they hold `coverage` of them."""
+    total = sum(len(w) * n for w, n in execs.items())
+    picked, acc = [], 0
+    for w in sorted(execs, key=lambda w: (-len(w) * execs[w], w)):
+        if total and acc >= coverage * total:
+            break
+        picked.append(w)
+        acc += len(w) * execs[w]
+    return picked
+
+
+def disassemble(blocks: Sequence[tuple[int, ...]]) -> list[list[str]]:
+    """Each block's instructions as assembly llvm-mca parses (`<unknown>` for a word LLVM does
+    not decode); branch targets become `.` (llvm-mca ignores where a branch goes)."""
+    words = [w for blk in blocks for w in blk]
+    if not words:
+        return [[] for _ in blocks]
+    with tempfile.TemporaryDirectory() as d:
+        src, obj = Path(d) / "b.s", Path(d) / "b.o"
+        src.write_text(".text\n" + "".join(f".inst 0x{w:08x}\n" for w in words))
+        subprocess.run([tool("llvm-mc"), "-triple=aarch64", f"-mattr={DISASSEMBLE_ATTRS}", "-filetype=obj",
+                        str(src), "-o", str(obj)], check=True)
+        text = subprocess.run([tool("llvm-objdump"), "-d", "--no-show-raw-insn", "--no-leading-addr",
+                               f"--mattr={DISASSEMBLE_ATTRS}", str(obj)], check=True, capture_output=True,
+                              text=True).stdout
+    body = text.split("<.text>:\n", 1)[1].splitlines()
+    insns = [_BRANCH_TARGET.sub(".", ln.strip()) for ln in body if ln.strip()]
+    if len(insns) != len(words):
+        raise RuntimeError(f"llvm-objdump printed {len(insns)} instructions for {len(words)} words")
+    out, i = [], 0
+    for blk in blocks:
+        out.append(insns[i:i + len(blk)])
+        i += len(blk)
+    return out
+
+
+@dataclass(frozen=True)
+class Region:
+    cycles_per_iteration: float
+    instructions: int  # per iteration, after llvm-mca skipped what the core lacks
+
+
+def run_mca(asm: Sequence[Sequence[str]], core: str, iterations: int = ITERATIONS) -> list[Region | None]:
+    """One llvm-mca run, one code region per block; None for a block with nothing to price
+    (every instruction unknown to LLVM or to the core)."""
+    keep = [i for i, a in enumerate(asm) if any(x != "<unknown>" for x in a)]
+    out: list[Region | None] = [None] * len(asm)
+    if not keep:
+        return out
+    text = []
+    for i in keep:
+        text.append(f"# LLVM-MCA-BEGIN b{i}")
+        text.extend(x for x in asm[i] if x != "<unknown>")
+        text.append(f"# LLVM-MCA-END b{i}")
+    res = subprocess.run([tool("llvm-mca"), "-mtriple=aarch64", f"-mcpu={core}", f"-iterations={iterations}",
+                          "--skip-unsupported-instructions=any", "-all-views=false", "-summary-view"],
+                         input="\n".join(text) + "\n", capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"llvm-mca -mcpu={core} failed: {res.stderr[-2000:]}")
+    for name, region in parse_summary(res.stdout).items():
+        out[int(name[1:])] = region
+    return out
+
+
+_REGION = re.compile(r"^\[\d+\] Code Region - (\S+)$", re.M)
+
+
+def parse_summary(text: str) -> dict[str, Region]:
+    """llvm-mca's summary view, region by region: {name: Region}."""
+    heads = list(_REGION.finditer(text))
+    out = {}
+    for k, m in enumerate(heads):
+        part = text[m.end():heads[k + 1].start() if k + 1 < len(heads) else len(text)]
+        fields = dict(re.findall(r"^([A-Za-z ]+):\s+([\d.]+)$", part, re.M))
+        iters, cycles, insns = int(fields["Iterations"]), float(fields["Total Cycles"]), int(fields["Instructions"])
+        out[m.group(1)] = Region(cycles / iters, insns // iters)
+    return out
+
+
+@dataclass(frozen=True)
+class PhasePrice:
+    instructions: int        # executed in the phase
+    covered: float           # share of them in priced blocks
+    priced_cycles: float     # Σ executions × cycles per iteration over the priced blocks
+    cycles: float            # priced_cycles scaled up to every instruction of the phase
+    blocks: int              # blocks priced
+    skipped: int             # executed instructions of priced blocks llvm-mca could not price
+
+
+def price(execs: Mapping[tuple[int, ...], int], core: str, coverage: float = COVERAGE,
+          asm: Mapping[tuple[int, ...], list[str]] | None = None) -> PhasePrice:
+    """A phase's cycles on `core` (llvm-mca's model of it) from its blocks' executions. `asm`:
+    blocks already disassembled (the same blocks priced on several cores)."""
+    total = sum(len(w) * n for w, n in execs.items())
+    hot = hottest(execs, coverage)
+    if asm is None:
+        asm = dict(zip(hot, disassemble(hot)))
+    regions = run_mca([asm[w] for w in hot], core)
+    priced = covered = skipped = 0.0
+    n_priced = 0
+    for w, r in zip(hot, regions):
+        if r is None:
+            skipped += len(w) * execs[w]
+            continue
+        priced += execs[w] * r.cycles_per_iteration
+        covered += len(w) * execs[w]
+        skipped += (len(w) - r.instructions) * execs[w]
+        n_priced += 1
+    cycles = priced * total / covered if covered else 0.0
+    return PhasePrice(total, covered / total if total else 0.0, priced, cycles, n_priced, int(skipped))
