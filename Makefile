@@ -14,7 +14,7 @@ SAM_VENV  := .venv-sam
 SAM       := $(SAM_VENV)/bin/sam
 SAM_STAMP := $(SAM_VENV)/.installed
 
-.PHONY: lint test-arm64 test-arm64-ci test-avx2 install run generate test test-oracle oracle-fixtures bench bench-coldstart bench-serve bench-fleet bench-arm64 serve layer model real-model clean \
+.PHONY: lint test-arm64 test-arm64-ci test-avx2 install run generate test test-oracle oracle-fixtures bench bench-coldstart bench-serve bench-fleet bench-arm64 bench-arm64-calibrate serve layer model real-model clean \
         deploy-zip deploy-image image-model sam build-WarmLlmFunction build-DepsLayer
 
 $(STAMP): pyproject.toml
@@ -132,6 +132,11 @@ bench-fleet: $(STAMP)
 # qemu plugin (docs/arm64.md, "The emulated cost model"). Root for apt; ~1 h on 2 cores.
 bench-arm64: $(STAMP)
 	$(PY) -m bench.arm64.run $(BENCH_ARM64_ARGS)
+
+# The per-block pricing checked on this x86 host: predicted ours / llama.cpp against the measured
+# ratio of the same two programs (docs/arm64.md, "Per-block pricing"). Root for apt; ~15 min.
+bench-arm64-calibrate: $(STAMP)
+	$(PY) -m bench.arm64.calibrate $(BENCH_ARM64_CALIBRATE_ARGS)
 
 # The engine under qemu user-mode in an arm64 userland, once per numba CPU target (docs/arm64.md).
 test-arm64: $(STAMP)

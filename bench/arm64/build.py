@@ -36,6 +36,12 @@ QEMU = "qemu-aarch64"
 # llama.cpp's -march per Graviton generation, as the issue specifies: N1 (Graviton2) Armv8.2 +
 # dotprod; V1 (Graviton3) Armv8.4 + SVE + i8mm + bf16.
 ARCH = {"neoverse-n1": "armv8.2-a+dotprod", "neoverse-v1": "armv8.4-a+sve+i8mm+bf16"}
+# The x86 build the method is calibrated with (bench/arm64/calibrate.py): held to AVX2, the
+# level `make bench` holds both engines to, so the same binary runs natively and under qemu 7.2
+# (whose TCG has AVX2, not AVX-512).
+X86_LEVEL = "x86-64-v3"
+X86_GGML = ["-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON", "-DGGML_BMI2=ON",
+            "-DGGML_AVX512=OFF", "-DGGML_AVX_VNNI=OFF", "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF"]
 TOOLS = {"qemu-user": QEMU, "gcc-aarch64-linux-gnu": "aarch64-linux-gnu-gcc", "llvm-19": "llvm-mca-19",
          "g++-aarch64-linux-gnu": "aarch64-linux-gnu-g++"}
 DEB_SRC = """Types: deb-src
@@ -118,11 +124,17 @@ def build_llama(target: str) -> Path:
         return exe
     vendor = llama_source()
     bdir = OUT / f"llama-{target}" / "build"
-    cc, cxx = "aarch64-linux-gnu-gcc", "aarch64-linux-gnu-g++"
+    x86 = target == X86_LEVEL
+    if x86:
+        cc, cxx, march = "gcc", "g++", X86_LEVEL
+        arch_flags = X86_GGML
+    else:
+        cc, cxx, march = "aarch64-linux-gnu-gcc", "aarch64-linux-gnu-g++", ARCH[target]
+        arch_flags = ["-DCMAKE_SYSTEM_NAME=Linux", "-DCMAKE_SYSTEM_PROCESSOR=aarch64",
+                      f"-DGGML_CPU_ARM_ARCH={march}"]
     _run(["cmake", "-S", str(vendor), "-B", str(bdir), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
-          "-DCMAKE_SYSTEM_NAME=Linux", "-DCMAKE_SYSTEM_PROCESSOR=aarch64",
-          f"-DCMAKE_C_COMPILER={cc}", f"-DCMAKE_CXX_COMPILER={cxx}",
-          "-DGGML_NATIVE=OFF", f"-DGGML_CPU_ARM_ARCH={ARCH[target]}", "-DGGML_OPENMP=OFF",
+          f"-DCMAKE_C_COMPILER={cc}", f"-DCMAKE_CXX_COMPILER={cxx}", *arch_flags,
+          "-DGGML_NATIVE=OFF", "-DGGML_OPENMP=OFF",
           "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
           "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_TOOLS=OFF", "-DLLAMA_BUILD_SERVER=OFF",
           "-DLLAMA_BUILD_COMMON=OFF", "-DLLAMA_BUILD_APP=OFF"])
@@ -131,7 +143,8 @@ def build_llama(target: str) -> Path:
     # libllama's compile flags do not depend on the target (GGML_CPU_ARM_ARCH reaches ggml-cpu
     # only; build.ninja gives src/ the same -O3 flags in every target's build), so one target's
     # libllama.a serves all: the 45-odd C++ files of src/ take most of a build's time.
-    built = sorted(OUT.glob("llama-*/build/src/libllama.a"))
+    # (per architecture: the x86 calibration build has its own)
+    built = sorted(p for p in OUT.glob("llama-*/build/src/libllama.a") if x86 == (X86_LEVEL in str(p)))
     if built:
         libllama = built[0]
     else:
@@ -140,7 +153,7 @@ def build_llama(target: str) -> Path:
     libs = [str(libllama)] + sorted(str(p) for p in bdir.glob("ggml/src/**/*.a"))
     # ggml's archives reference each other: link them as a group
     obj = bdir / "llama_driver.o"
-    _run([cc, "-O2", f"-march={ARCH[target]}", "-Wall", f"-I{vendor / 'include'}", f"-I{vendor / 'ggml' / 'include'}",
+    _run([cc, "-O2", f"-march={march}", "-Wall", f"-I{vendor / 'include'}", f"-I{vendor / 'ggml' / 'include'}",
           "-c", str(HERE / "llama_driver.c"), "-o", str(obj)])
     _run([cxx, "-static", str(obj), "-Wl,--start-group", *libs, "-Wl,--end-group", "-lpthread", "-lm", "-o", str(exe)])
     return exe

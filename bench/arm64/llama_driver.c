@@ -11,6 +11,7 @@
  * the plugin. Token ids: a fixed LCG in [0, 4000), as engine/bench.py draws below 4000.
  * Built by bench/arm64/build.py against the llama-cpp-python source; no llama.cpp code here. */
 #include <errno.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -19,7 +20,15 @@
 
 #define MARK_MAGIC 0x5741524dL /* "WARM", also in insn_classes.c and bench/arm64/ours.py */
 
-static void mark(int phase) { (void)lseek(-1, MARK_MAGIC, phase); }
+/* each mark's monotonic time: natively, the phases' wall times (the x86 calibration measures
+ * them, bench/arm64/calibrate.py); under qemu they mean nothing */
+static double mark_s[4];
+static void mark(int phase) {
+    (void)lseek(-1, MARK_MAGIC, phase);
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    mark_s[phase] = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 static int verbose; /* LLAMA_DRIVER_VERBOSE=1: llama.cpp's whole load log (buffer types, repacks) */
 static void quiet(enum ggml_log_level level, const char *text, void *user) {
@@ -74,7 +83,9 @@ int main(int argc, char **argv) {
     mark(2);
     for (int i = 0; i < n; i++) run(ctx, &b, 1, p2 + i);
     mark(3);
-    printf("{\"p1\": %d, \"p2\": %d, \"n\": %d, \"n_vocab\": %d}\n", p1, p2, n, llama_vocab_n_tokens(llama_model_get_vocab(model)));
+    printf("{\"p1\": %d, \"p2\": %d, \"n\": %d, \"n_vocab\": %d, \"phase_ms\": [%.3f, %.3f, %.3f]}\n", p1, p2, n,
+           llama_vocab_n_tokens(llama_model_get_vocab(model)), 1e3 * (mark_s[1] - mark_s[0]),
+           1e3 * (mark_s[2] - mark_s[1]), 1e3 * (mark_s[3] - mark_s[2]));
     llama_batch_free(b);
     llama_free(ctx);
     llama_model_free(model);

@@ -21,6 +21,7 @@ is a straight line that repeats), and the front end beyond the dispatch width. N
 """
 from __future__ import annotations
 
+import bisect
 import re
 import shutil
 import subprocess
@@ -38,6 +39,8 @@ CORES = ("neoverse-n1", "neoverse-v1", "neoverse-v2")
 # skipped and counted)
 DISASSEMBLE_ATTRS = "+v9a,+sve2,+i8mm,+bf16,+dotprod,+fullfp16,+fp16fml,+lse,+rcpc,+crypto,+sha3,+sm4"
 _BRANCH_TARGET = re.compile(r"0x[0-9a-f]+ <[^>]*>")
+_LINE = re.compile(r"^\s*([0-9a-f]+):\s+(.*)$")
+TRIPLES = {"aarch64": "aarch64", "x86_64": "x86_64"}
 
 
 def tool(name: str) -> str:
@@ -49,15 +52,20 @@ def tool(name: str) -> str:
     return exe
 
 
+# A block's code: A64 words as numbers, or (x86_64) each instruction's bytes
+Code = tuple[int, ...] | tuple[bytes, ...]
+
+
 @dataclass(frozen=True)
 class Block:
     vaddr: int
-    words: tuple[int, ...]
+    words: Code
     counts: tuple[int, ...]  # executions up to each mark, then the total at exit
 
 
 @dataclass(frozen=True)
 class BlockFile:
+    arch: str                # the emulated target: "aarch64" or "x86_64"
     phases: tuple[int, ...]  # the marks' phase ids, in the order they were taken
     blocks: tuple[Block, ...]
 
@@ -65,8 +73,10 @@ class BlockFile:
 def read_blocks(path: Path) -> BlockFile:
     """The plugin's `blocks=FILE` output."""
     lines = Path(path).read_text().splitlines()
-    if not lines or lines[0] != "warmllm-blocks 1":
+    first = lines[0].split() if lines else []
+    if first[:2] != ["warmllm-blocks", "1"] or len(first) != 3 or first[2] not in TRIPLES:
         raise ValueError(f"{path}: not a blocks file of insn_classes.so (first line {lines[:1]})")
+    arch = first[2]
     head = lines[1].split()
     if head[0] != "marks" or len(head) != 2 + int(head[1]):
         raise ValueError(f"{path}: bad marks line {lines[1]!r}")
@@ -74,26 +84,31 @@ def read_blocks(path: Path) -> BlockFile:
     blocks = []
     for ln in lines[2:]:
         f = ln.split()
-        n = int(f[1])
-        hexw = f[2]
-        if len(hexw) != 8 * n or len(f) != 4 + len(phases):
+        n, code = int(f[1]), f[2]
+        words: Code
+        if arch == "aarch64":
+            words = tuple(int(code[8 * i:8 * i + 8], 16) for i in range(len(code) // 8))
+            ok = len(code) == 8 * n
+        else:
+            words = tuple(bytes.fromhex(x) for x in code.split("."))
+            ok = len(words) == n
+        if not ok or len(f) != 4 + len(phases):
             raise ValueError(f"{path}: bad block line {ln[:80]!r}")
-        words = tuple(int(hexw[8 * i:8 * i + 8], 16) for i in range(n))
         blocks.append(Block(int(f[0], 16), words, tuple(int(c) for c in f[3:])))
-    return BlockFile(phases, tuple(blocks))
+    return BlockFile(arch, phases, tuple(blocks))
 
 
-def phase_executions(bf: BlockFile, names: Sequence[str]) -> dict[str, dict[tuple[int, ...], int]]:
+def phase_executions(bf: BlockFile, names: Sequence[str]) -> dict[str, dict[Code, int]]:
     """Executions per phase of each distinct block (its words: the same code translated twice,
     or at two addresses, is one block to price). `names[i]` is the span from the mark of phase i
     to the mark of phase i + 1, as cost.phase_counts reads the class counters."""
     order = sorted(range(len(bf.phases)), key=lambda i: bf.phases[i])
     if [bf.phases[i] for i in order] != list(range(len(names) + 1)):
         raise ValueError(f"marks {list(bf.phases)}: expected phases 0..{len(names)} (did the program finish?)")
-    out: dict[str, dict[tuple[int, ...], int]] = {}
+    out: dict[str, dict[Code, int]] = {}
     for k, name in enumerate(names):
         a, b = order[k], order[k + 1]
-        execs: dict[tuple[int, ...], int] = {}
+        execs: dict[Code, int] = {}
         for blk in bf.blocks:
             d = blk.counts[b] - blk.counts[a]
             if d:
@@ -102,11 +117,12 @@ def phase_executions(bf: BlockFile, names: Sequence[str]) -> dict[str, dict[tupl
     return out
 
 
-def hottest(execs: Mapping[tuple[int, ...], int], coverage: float = COVERAGE) -> list[tuple[int, ...]]:
+def hottest(execs: Mapping[Code, int], coverage: float = COVERAGE) -> list[Code]:
     """The blocks with the most executed instructions, until they hold `coverage` of them."""
     total = sum(len(w) * n for w, n in execs.items())
-    picked, acc = [], 0
-    for w in sorted(execs, key=lambda w: (-len(w) * execs[w], w)):
+    picked: list[Code] = []
+    acc = 0
+    for w in sorted(execs, key=lambda w: (-len(w) * execs[w], repr(w))):
         if total and acc >= coverage * total:
             break
         picked.append(w)
@@ -114,24 +130,44 @@ def hottest(execs: Mapping[tuple[int, ...], int], coverage: float = COVERAGE) ->
     return picked
 
 
-def disassemble(blocks: Sequence[tuple[int, ...]]) -> list[list[str]]:
-    """Each block's instructions as assembly llvm-mca parses (`<unknown>` for a word LLVM does
-    not decode); branch targets become `.` (llvm-mca ignores where a branch goes)."""
+def disassemble(blocks: Sequence[Code], arch: str = "aarch64") -> list[list[str]]:
+    """Each block's instructions as assembly llvm-mca parses (`<unknown>` for one LLVM does not
+    decode to the bytes the plugin recorded); branch targets become `.` (llvm-mca ignores where a
+    branch goes). Each instruction sits at its own 16-byte boundary (A64: its own word), so a
+    bad one cannot shift the next: x86_64's plugin data can end an instruction short."""
     words = [w for blk in blocks for w in blk]
     if not words:
         return [[] for _ in blocks]
+    step = 4 if arch == "aarch64" else 16
+    if arch == "aarch64":
+        src_text = "".join(f".inst 0x{w:08x}\n" for w in words)
+        attrs = [f"-mattr={DISASSEMBLE_ATTRS}"]
+    else:
+        src_text = "".join(".p2align 4, 0x90\n.byte " + ",".join(f"0x{b:02x}" for b in w) + "\n"  # type: ignore[union-attr]
+                           for w in words)
+        attrs = []
     with tempfile.TemporaryDirectory() as d:
         src, obj = Path(d) / "b.s", Path(d) / "b.o"
-        src.write_text(".text\n" + "".join(f".inst 0x{w:08x}\n" for w in words))
-        subprocess.run([tool("llvm-mc"), "-triple=aarch64", f"-mattr={DISASSEMBLE_ATTRS}", "-filetype=obj",
+        src.write_text(".text\n" + src_text)
+        subprocess.run([tool("llvm-mc"), f"-triple={TRIPLES[arch]}", *attrs, "-filetype=obj",
                         str(src), "-o", str(obj)], check=True)
-        text = subprocess.run([tool("llvm-objdump"), "-d", "--no-show-raw-insn", "--no-leading-addr",
-                               f"--mattr={DISASSEMBLE_ATTRS}", str(obj)], check=True, capture_output=True,
+        text = subprocess.run([tool("llvm-objdump"), "-d", "--disassemble-zeroes", "--no-show-raw-insn",
+                               *("-" + x for x in attrs), str(obj)], check=True, capture_output=True,
                               text=True).stdout
-    body = text.split("<.text>:\n", 1)[1].splitlines()
-    insns = [_BRANCH_TARGET.sub(".", ln.strip()) for ln in body if ln.strip()]
-    if len(insns) != len(words):
-        raise RuntimeError(f"llvm-objdump printed {len(insns)} instructions for {len(words)} words")
+    at: dict[int, str] = {}
+    for ln in text.split("<.text>:\n", 1)[1].splitlines():
+        m = _LINE.match(ln)
+        if m:
+            at[int(m.group(1), 16)] = _BRANCH_TARGET.sub(".", m.group(2).strip())
+    starts = sorted(at)
+    insns = []
+    for i, w in enumerate(words):
+        s0 = i * step
+        size = 4 if isinstance(w, int) else len(w)
+        k = bisect.bisect_right(starts, s0)  # the next decoded instruction after this one's start
+        decoded = (starts[k] if k < len(starts) else s0 + size) - s0
+        ok = s0 in at and decoded == size
+        insns.append(at[s0] if ok else "<unknown>")
     out, i = [], 0
     for blk in blocks:
         out.append(insns[i:i + len(blk)])
@@ -145,7 +181,8 @@ class Region:
     instructions: int  # per iteration, after llvm-mca skipped what the core lacks
 
 
-def run_mca(asm: Sequence[Sequence[str]], core: str, iterations: int = ITERATIONS) -> list[Region | None]:
+def run_mca(asm: Sequence[Sequence[str]], core: str, iterations: int = ITERATIONS,
+            arch: str = "aarch64") -> list[Region | None]:
     """One llvm-mca run, one code region per block; None for a block with nothing to price
     (every instruction unknown to LLVM or to the core)."""
     keep = [i for i, a in enumerate(asm) if any(x != "<unknown>" for x in a)]
@@ -157,7 +194,7 @@ def run_mca(asm: Sequence[Sequence[str]], core: str, iterations: int = ITERATION
         text.append(f"# LLVM-MCA-BEGIN b{i}")
         text.extend(x for x in asm[i] if x != "<unknown>")
         text.append(f"# LLVM-MCA-END b{i}")
-    res = subprocess.run([tool("llvm-mca"), "-mtriple=aarch64", f"-mcpu={core}", f"-iterations={iterations}",
+    res = subprocess.run([tool("llvm-mca"), f"-mtriple={TRIPLES[arch]}", f"-mcpu={core}", f"-iterations={iterations}",
                           "--skip-unsupported-instructions=any", "-all-views=false", "-summary-view"],
                          input="\n".join(text) + "\n", capture_output=True, text=True)
     if res.returncode != 0:
@@ -184,23 +221,49 @@ def parse_summary(text: str) -> dict[str, Region]:
 
 @dataclass(frozen=True)
 class PhasePrice:
-    instructions: int        # executed in the phase
+    instructions: int        # executed in the phase (x86: rep string elements apart)
     covered: float           # share of them in priced blocks
     priced_cycles: float     # Σ executions × cycles per iteration over the priced blocks
-    cycles: float            # priced_cycles scaled up to every instruction of the phase
+    cycles: float            # priced_cycles scaled up to every instruction of the phase, + rep_cycles
     blocks: int              # blocks priced
     skipped: int             # executed instructions of priced blocks llvm-mca could not price
+    rep_bytes: int = 0       # x86: bytes moved by rep string instructions
+    rep_cycles: float = 0.0  # ... at REP_BYTES_PER_CYCLE
 
 
-def price(execs: Mapping[tuple[int, ...], int], core: str, coverage: float = COVERAGE,
-          asm: Mapping[tuple[int, ...], list[str]] | None = None) -> PhasePrice:
+# x86's rep-prefixed string instructions (memset, memcpy): qemu runs one element per execution
+# of their one-instruction block, and llvm-mca prices the instruction as a whole (100 cycles),
+# so each element would cost 100 cycles. They are priced by the bytes they move instead.
+# ASSUMPTION: 32 bytes a cycle (ERMSB fast strings, L1-resident, one 256-bit store a cycle).
+REP_BYTES_PER_CYCLE = 32.0
+_REP = re.compile(r"^(66)?(?:f2|f3)(66)?(4[0-9a-f])?(a[4-7a-f])$")  # [66] rep [66] [REX] opcode
+
+
+def rep_element_bytes(code: Code) -> int:
+    """Bytes one execution of this block moves when it is a lone rep string instruction, else 0."""
+    if len(code) != 1 or isinstance(code[0], int):
+        return 0
+    m = _REP.match(code[0].hex())
+    if not m:
+        return 0
+    if int(m.group(4), 16) % 2 == 0:            # a4 a6 aa ac ae: byte forms
+        return 1
+    if m.group(3) and int(m.group(3), 16) & 8:  # REX.W: qword
+        return 8
+    return 2 if m.group(1) or m.group(2) else 4  # operand-size prefix: word
+
+
+def price(execs: Mapping[Code, int], core: str, coverage: float = COVERAGE,
+          asm: Mapping[Code, list[str]] | None = None, arch: str = "aarch64") -> PhasePrice:
     """A phase's cycles on `core` (llvm-mca's model of it) from its blocks' executions. `asm`:
     blocks already disassembled (the same blocks priced on several cores)."""
+    rep_bytes = sum(n * rep_element_bytes(w) for w, n in execs.items())
+    execs = {w: n for w, n in execs.items() if not rep_element_bytes(w)}
     total = sum(len(w) * n for w, n in execs.items())
     hot = hottest(execs, coverage)
     if asm is None:
-        asm = dict(zip(hot, disassemble(hot)))
-    regions = run_mca([asm[w] for w in hot], core)
+        asm = dict(zip(hot, disassemble(hot, arch)))
+    regions = run_mca([asm[w] for w in hot], core, arch=arch)
     priced = covered = skipped = 0.0
     n_priced = 0
     for w, r in zip(hot, regions):
@@ -211,5 +274,7 @@ def price(execs: Mapping[tuple[int, ...], int], core: str, coverage: float = COV
         covered += len(w) * execs[w]
         skipped += (len(w) - r.instructions) * execs[w]
         n_priced += 1
-    cycles = priced * total / covered if covered else 0.0
-    return PhasePrice(total, covered / total if total else 0.0, priced, cycles, n_priced, int(skipped))
+    rep_cycles = rep_bytes / REP_BYTES_PER_CYCLE
+    cycles = (priced * total / covered if covered else 0.0) + rep_cycles
+    return PhasePrice(total, covered / total if total else 0.0, priced, cycles, n_priced, int(skipped),
+                      rep_bytes, rep_cycles)

@@ -13,15 +13,18 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 
 MARK_MAGIC = 0x5741524D  # "WARM": insn_classes.c and llama_driver.c
 
 
-def mark(phase: int) -> None:
+def mark(phase: int, times: list[float] | None = None) -> None:
     try:
         os.lseek(-1, MARK_MAGIC, phase)
     except OSError:
         pass  # EBADF is the point: the call only exists for the plugin's syscall callback
+    if times is not None:  # natively, the phases' wall times (bench/arm64/calibrate.py)
+        times.append(time.perf_counter())
 
 
 class Lcg:
@@ -53,17 +56,19 @@ def main(argv: list[str]) -> int:
     s.prefill(ids.ids(70))
     for t in ids.ids(2):
         s.step(t)
-    mark(0)
+    at: list[float] = []
+    mark(0, at)
     Session(eng.model).prefill(ids.ids(p1))
-    mark(1)
+    mark(1, at)
     s = Session(eng.model)
     s.prefill(ids.ids(p2))
-    mark(2)
+    mark(2, at)
     for t in ids.ids(n):
         s.step(t)
-    mark(3)
+    mark(3, at)
     print(json.dumps({"p1": p1, "p2": p2, "n": n, "n_vocab": eng.model.config.n_vocab, "threads": eng.threads,
-                      "target": paths.summary(), "kernels": eng.kernel_paths}))
+                      "target": paths.summary(), "kernels": eng.kernel_paths,
+                      "phase_ms": [round(1e3 * (b - a), 3) for a, b in zip(at, at[1:])]}))
     return 0
 
 

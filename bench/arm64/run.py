@@ -125,11 +125,12 @@ def measure(target: str, model: Path, sizes: list[int], out_dir: Path, reuse: bo
 
 def per_block(target: str, runs: dict, coverage: float = mca.COVERAGE) -> dict:
     """Each phase of both sides priced block by block on each core of PRICE_ON[target]."""
-    execs = {side: mca.phase_executions(mca.read_blocks(runs[side]["blocks"]), PHASES) for side in runs}
+    files = {side: mca.read_blocks(runs[side]["blocks"]) for side in runs}
+    execs = {side: mca.phase_executions(bf, PHASES) for side, bf in files.items()}
     asm = {}
     for side, phases in execs.items():  # each side's hot blocks disassembled once for every core
         hot = sorted({w for ph in phases.values() for w in mca.hottest(ph, coverage)})
-        asm[side] = dict(zip(hot, mca.disassemble(hot)))
+        asm[side] = dict(zip(hot, mca.disassemble(hot, files[side].arch)))
     out: dict = {}
     for core in PRICE_ON[target]:
         out[core] = {}

@@ -18,11 +18,11 @@ needs_llvm = pytest.mark.skipif(not HAVE_LLVM, reason=f"llvm-{mca.LLVM_VERSION} 
 LOOP = (0x1e210908, 0x1e202908, 0x71000400, 0x54ffffa1)  # fmul s8,s8,s1; fadd s8,s8,s0; subs; b.ne
 
 
-def _block_file(path: Path, phases: list[int], blocks: list[tuple[int, tuple[int, ...], list[int]]]) -> Path:
-    lines = ["warmllm-blocks 1", f"marks {len(phases)} " + " ".join(map(str, phases))]
+def _block_file(path: Path, phases: list[int], blocks: list[tuple[int, tuple, list[int]]], arch="aarch64") -> Path:
+    lines = [f"warmllm-blocks 1 {arch}", f"marks {len(phases)} " + " ".join(map(str, phases))]
     for vaddr, words, counts in blocks:
-        lines.append(f"{vaddr:x} {len(words)} " + "".join(f"{w:08x}" for w in words) + " "
-                     + " ".join(map(str, counts)))
+        code = "".join(f"{w:08x}" for w in words) if arch == "aarch64" else ".".join(w.hex() for w in words)
+        lines.append(f"{vaddr:x} {len(words)} {code} " + " ".join(map(str, counts)))
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -52,9 +52,17 @@ def test_read_blocks_refuses_what_the_plugin_did_not_write(tmp_path):
     with pytest.raises(ValueError, match="not a blocks file"):
         mca.read_blocks(tmp_path / "x.json")
     bad = tmp_path / "bad.txt"
-    bad.write_text("warmllm-blocks 1\nmarks 1 0\n1000 2 0000000a 1 1\n")  # 2 instructions, 1 word
+    bad.write_text("warmllm-blocks 1 aarch64\nmarks 1 0\n1000 2 0000000a 1 1\n")  # 2 instructions, 1 word
     with pytest.raises(ValueError, match="bad block line"):
         mca.read_blocks(bad)
+
+
+def test_x86_blocks_hold_each_instructions_bytes(tmp_path):
+    code = (bytes.fromhex("f30f59d1"), bytes.fromhex("83e801"), bytes.fromhex("75eb"))
+    f = _block_file(tmp_path / "x.txt", [0, 1], [(0x401649, code, [0, 999, 999])], arch="x86_64")
+    bf = mca.read_blocks(f)
+    assert bf.arch == "x86_64" and bf.blocks[0].words == code
+    assert mca.phase_executions(bf, ["p"]) == {"p": {code: 999}}
 
 
 def test_hottest_takes_blocks_by_executed_instructions_until_the_coverage():
@@ -85,7 +93,7 @@ Total Cycles:      103
 
 def test_price_scales_the_priced_blocks_up_to_the_whole_phase(monkeypatch):
     hot, cold = (1, 2, 3, 4), (9,)
-    monkeypatch.setattr(mca, "run_mca", lambda asm, core, iterations=mca.ITERATIONS: [mca.Region(2.0, 4)])
+    monkeypatch.setattr(mca, "run_mca", lambda asm, core, iterations=mca.ITERATIONS, arch="aarch64": [mca.Region(2.0, 4)])
     p = mca.price({hot: 90, cold: 40}, "neoverse-n1", 0.5, asm={hot: ["x"] * 4})
     assert (p.instructions, p.blocks, p.skipped) == (400, 1, 0)
     assert p.covered == pytest.approx(360 / 400)
@@ -98,6 +106,19 @@ def test_disassembly_keeps_one_line_per_word_and_drops_branch_targets():
     asm = mca.disassemble([LOOP, (0x4e829420, 0xffffffff)])
     assert asm[0] == ["fmul\ts8, s8, s1", "fadd\ts8, s8, s0", "subs\tw0, w0, #0x1", "b.ne\t."]
     assert asm[1] == ["sdot\tv0.4s, v1.16b, v2.16b", "<unknown>"]
+
+
+@needs_llvm
+def test_x86_disassembly_and_pricing_on_this_hosts_kind_of_core():
+    code = (bytes.fromhex("f30f59d1"), bytes.fromhex("f30f58d0"), bytes.fromhex("83e801"), bytes.fromhex("75eb"))
+    asm = mca.disassemble([code], "x86_64")[0]
+    assert asm == ["mulss\t%xmm1, %xmm2", "addss\t%xmm0, %xmm2", "subl\t$0x1, %eax", "jne\t."]
+    # qemu 7.2's plugin data can end a VEX instruction short (seen: c4a17c10, c5f5): unknown, and the
+    # next instruction still decodes from its own bytes
+    cut = mca.disassemble([(bytes.fromhex("c4a17c10"), code[0], bytes.fromhex("c5f5"), code[1])], "x86_64")[0]
+    assert cut == ["<unknown>", asm[0], "<unknown>", asm[1]]
+    r = mca.run_mca([asm], "znver4", arch="x86_64")[0]
+    assert r is not None and r.instructions == 4 and r.cycles_per_iteration >= 5.5  # mulss 3 + addss 3, chained
 
 
 @needs_llvm
@@ -147,12 +168,13 @@ int main(void) {
 
 
 @needs_llvm
-def test_the_plugin_counts_each_blocks_executions_per_phase(tmp_path):
+@pytest.mark.parametrize("arch, core", [("aarch64", "neoverse-n1"), ("x86_64", "znver4")])
+def test_the_plugin_counts_each_blocks_executions_per_phase(tmp_path, arch, core):
     header = ROOT / ".bench" / "arm64" / "qemu-include" / "qemu-plugin.h"
-    qemu, cc = shutil.which("qemu-aarch64"), shutil.which("aarch64-linux-gnu-gcc")
+    qemu = shutil.which(f"qemu-{arch}")
+    cc = shutil.which("aarch64-linux-gnu-gcc" if arch == "aarch64" else "gcc")
     if not (header.exists() and qemu and cc):
-        pytest.skip("qemu-user, gcc-aarch64-linux-gnu and the plugin header (python -m bench.arm64.build) "
-                    "are not all here")
+        pytest.skip("qemu-user, the compiler and the plugin header (python -m bench.arm64.build) are not all here")
     so = tmp_path / "ic.so"
     subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-Wall", "-Werror", f"-I{header.parent}",
                     str(ROOT / "bench" / "arm64" / "insn_classes.c"), "-o", str(so)], check=True)
@@ -162,13 +184,13 @@ def test_the_plugin_counts_each_blocks_executions_per_phase(tmp_path):
     subprocess.run([qemu, "-plugin", f"{so},out={tmp_path / 'c.json'},blocks={blocks}", str(tmp_path / "loop")],
                    check=True)
     ex = mca.phase_executions(mca.read_blocks(blocks), ["first", "second"])
-    # each loop is one 4-instruction block (fmul, fadd, subs, b.ne) run once per iteration but
-    # the first, which the block before it holds
-    loops = {ph: [n for w, n in e.items() if len(w) == 4 and n >= 999] for ph, e in ex.items()}
+    # each loop is one block (A64: fmul, fadd, subs, b.ne) run once per iteration but the
+    # first, which the block before it holds
+    loops = {ph: [n for w, n in e.items() if n >= 999] for ph, e in ex.items()}
     assert loops == {"first": [999], "second": [2999]}
-    first = mca.price(ex["first"], "neoverse-n1")
+    first = mca.price(ex["first"], core, arch=arch)
     assert first.covered >= mca.COVERAGE
-    assert first.cycles >= 999 * 4.5  # the fmul -> fadd chain, ~5 cycles an iteration on N1
+    assert first.cycles >= 999 * 4.5  # the multiply -> add chain: ~5 cycles an iteration (N1), 6+ (Zen 4)
 
 
 def test_the_report_prices_both_sides_per_block_on_every_core_the_target_runs_on(tmp_path, monkeypatch):
@@ -187,8 +209,8 @@ def test_the_report_prices_both_sides_per_block_on_every_core_the_target_runs_on
         return {"info": {}, "plugin": plugin, "wall_s": 1.0, "blocks": f}
 
     # every block costs 1 cycle an instruction on N1, half that elsewhere
-    monkeypatch.setattr(mca, "disassemble", lambda blocks: [["nop"] * len(b) for b in blocks])
-    monkeypatch.setattr(mca, "run_mca", lambda asm, core, iterations=mca.ITERATIONS: [
+    monkeypatch.setattr(mca, "disassemble", lambda blocks, arch="aarch64": [["nop"] * len(b) for b in blocks])
+    monkeypatch.setattr(mca, "run_mca", lambda asm, core, iterations=mca.ITERATIONS, arch="aarch64": [
         mca.Region(len(a) * (1.0 if core == "neoverse-n1" else 0.5), len(a)) for a in asm])
     rep = run.report("neoverse-n1", {"ours": side("o", ours, [10, 40, 4]), "llama": side("l", llama, [10, 10, 1])})
     pb = rep["per_block"]
@@ -196,3 +218,16 @@ def test_the_report_prices_both_sides_per_block_on_every_core_the_target_runs_on
     # ours 2 instructions x executions against llama's 4 x executions: the cores' rates cancel
     assert [pb["neoverse-n1"][p]["ratio_cycles"] for p in run.PHASES] == [0.5, 2.0, 2.0]
     assert pb["neoverse-v2"]["decode"]["ours"]["cycles"] == 4.0
+
+
+def test_calibration_compares_the_best_native_times_with_the_priced_cycles():
+    from bench.arm64 import calibrate
+
+    measured = {"ours": [[12.0, 50.0, 9.0], [10.0, 55.0, 8.0]], "llama": [[20.0, 40.0, 8.0], [21.0, 41.0, 9.0]]}
+    priced = {"ours": {"prefill_p1": 100.0, "prefill_p2": 500.0, "decode": 80.0},
+              "llama": {"prefill_p1": 250.0, "prefill_p2": 400.0, "decode": 80.0}}
+    got = calibrate.compare(measured, priced)
+    assert got["prefill_p1"]["measured_ratio"] == 0.5 and got["prefill_p1"]["predicted_ratio"] == 0.4
+    assert got["prefill_p1"]["error"] == pytest.approx(-0.2)
+    assert got["prefill_p2"]["measured_ratio"] == 1.25 and got["prefill_p2"]["error"] == 0.0
+    assert got["decode"]["ours_ms"] == 8.0 and got["decode"]["error"] == 0.0
