@@ -231,3 +231,17 @@ def test_calibration_compares_the_best_native_times_with_the_priced_cycles():
     assert got["prefill_p1"]["error"] == pytest.approx(-0.2)
     assert got["prefill_p2"]["measured_ratio"] == 1.25 and got["prefill_p2"]["error"] == 0.0
     assert got["decode"]["ours_ms"] == 8.0 and got["decode"]["error"] == 0.0
+
+
+def test_rep_string_blocks_are_priced_by_the_bytes_they_move(monkeypatch):
+    sizes = {"f3aa": 1, "f3ab": 4, "f348ab": 8, "f3a4": 1, "f348a5": 8, "66f3ab": 2, "f366ab": 2, "f3a5": 4,
+             "4889d6": 0, "f3c3": 0}  # stosb/stosd/stosq, movsb/movsq, stosw both prefix orders, movsd; not rep
+    assert {h: mca.rep_element_bytes((bytes.fromhex(h),)) for h in sizes} == sizes
+    assert mca.rep_element_bytes((bytes.fromhex("f3ab"), bytes.fromhex("c3"))) == 0  # not a lone instruction
+    assert mca.rep_element_bytes((0xf3ab,)) == 0                                      # A64 words never
+    rep, body = (bytes.fromhex("f348ab"),), (bytes.fromhex("4889d6"),)
+    monkeypatch.setattr(mca, "run_mca", lambda asm, core, iterations=mca.ITERATIONS, arch="aarch64":
+                        [mca.Region(1.0, 1) for _ in asm])
+    p = mca.price({rep: 4000, body: 100}, "znver4", 1.0, asm={body: ["mov"]}, arch="x86_64")
+    assert (p.instructions, p.rep_bytes) == (100, 32000)   # the 4000 elements are not 4000 instructions
+    assert p.cycles == pytest.approx(100 + 32000 / mca.REP_BYTES_PER_CYCLE)
