@@ -46,7 +46,8 @@ COPY pyproject.toml model-bake* /opt/model/
 
 # Kernel cache: compile for fixed CPU targets with their own feature sets (empty
 # NUMBA_CPU_FEATURES), so a build under emulation writes the cache key a real Lambda CPU looks up.
-# arm64: neoverse-n1 (every Lambda Graviton runs it; NEON + sdot). x86_64: two levels, cascadelake
+# arm64: two levels, neoverse-v1 with SVE off (Graviton3/4: NEON + sdot + smmla) and neoverse-n1
+# (Graviton2, every Graviton runs it; NEON + sdot). x86_64: two levels, cascadelake
 # (AVX-512 VNNI: the panel prefill tiles) where the build CPU has it, and x86-64-v3 (AVX2, the
 # floor); cpu.json lists what was built and function/numba_cache.py picks the best level the
 # Lambda's CPU runs at cold start (the init log line's numba_cpu_name says which).
@@ -54,12 +55,12 @@ COPY pyproject.toml model-bake* /opt/model/
 # is built in /opt/numba-cache and function/numba_cache.py copies it to /tmp/numba-cache at cold start.
 # --models /opt/model: a baked-in model's tokenizer is built into the same tree (engine/
 # tokenizer_cache.py), so its cold start loads it (~0.1 s) instead of building it (~0.6 s).
-# ARM64_CPU=neoverse-v1 (or -v2) opts an arm64 image into Graviton3/4 code: i8mm and SVE, which a
-# Graviton2 cannot run (SIGILL); docs/function.md. The default runs on every Graviton.
-ARG ARM64_CPU=neoverse-n1
+# ARM64_CPU=neoverse-v1 (or -v2) builds that one target instead, with SVE (Graviton3/4 only: a
+# Graviton2 dies of SIGILL; docs/function.md). Empty, the default: both levels, picked at start.
+ARG ARM64_CPU=
 RUN set -eux; \
     rm -f /opt/model/pyproject.toml; \
-    python -m function.numba_cache build --dir /opt/numba-cache --arm64-cpu "${ARM64_CPU}" --models /opt/model; \
+    python -m function.numba_cache build --dir /opt/numba-cache ${ARM64_CPU:+--arm64-cpu "${ARM64_CPU}"} --models /opt/model; \
     python -m compileall -q /var/task/engine /var/task/function; \
     chmod -R a+rX /var/task /opt/numba-cache /opt/model
 

@@ -6,13 +6,16 @@ compiles the kernels into ``WARMLLM_NUMBA_CACHE_SRC`` (``/opt/numba-cache``) and
 start, this copies that tree into ``NUMBA_CACHE_DIR`` (``/tmp/numba-cache``) once — a few MB,
 milliseconds. Cache entries are keyed by the source file's absolute path and content hash and by
 (target triple, ``NUMBA_CPU_NAME``, ``NUMBA_CPU_FEATURES``), so the image sets the same CPU
-name at build and run time, with ``NUMBA_CPU_FEATURES`` empty (the CPU's own feature set) so a
-build under emulation produces the key a real Graviton looks up.
+name and features at build and run time, each fixed by the level (empty: the named CPU's own
+set; never the build host's), so a build under emulation produces the key a real Graviton looks up.
 
-Without an image cache (the zip deployment with the layer) an arm64 process still compiles for
-``neoverse-n1``, the target ``make test-arm64`` proves and the image uses, not for the Graviton
-it lands on: numba's LLVM 22.1 miscompiles an SVE dot-product loop at Graviton3's 256-bit vector
-length (llvm/llvm-project#204939, docs/arm64.md), and N1 code runs on every Graviton generation.
+On arm64 the image holds a cache per Graviton level (``ARM64_LEVELS``): neoverse-v1 with SVE off
+(dotprod + i8mm: the `smmla` tiles) for Graviton3/4, neoverse-n1 (dotprod) for Graviton2 and
+as the floor; a cold start takes the first whose flags the CPU has (``Features`` and the HWCAP
+bits). Without an image cache (the zip deployment with the layer) an arm64 process compiles for
+``neoverse-n1``, the target ``make test-arm64`` proves, not for the Graviton it lands on:
+numba's LLVM 22.1 miscompiles an SVE dot-product loop at Graviton3's 256-bit vector length
+(llvm/llvm-project#204939, docs/arm64.md), and N1 code runs on every Graviton generation.
 
 On x86_64 the image holds a cache per level (``X86_LEVELS``, built by ``python -m
 function.numba_cache build``): Lambda hands out x86 CPUs with and without AVX-512, and the
@@ -36,6 +39,17 @@ ARM64_CPU = "neoverse-n1"
 # name's own features: engine/quant/paths.py X86_CPU_FEATURES) and the /proc/cpuinfo flags a CPU
 # needs to run its code. cascadelake is AVX-512 F/CD/BW/DQ/VL + VNNI, which Cascade Lake, Ice
 # Lake, Sapphire/Emerald Rapids and Zen 4/5 all have; x86-64-v3 (AVX2) is the floor Lambda promises.
+# The arm64 image's levels, best first: a numba CPU name, its NUMBA_CPU_FEATURES, and the HWCAP
+# names (/proc/cpuinfo `Features`) a CPU needs. Graviton3/4 (Neoverse V1/V2: dotprod + i8mm) run
+# the `smmla` tiles compiled for neoverse-v1 with SVE off: numba's LLVM miscompiles an SVE
+# dot-product loop at Graviton3's 256-bit vector length (llvm/llvm-project#204939,
+# docs/arm64.md), and NEON code runs on V1 and V2 alike. Graviton2 (N1: dotprod; what AWS
+# documents for Lambda's arm64) is the floor, with its own features (empty: the name's).
+ARM64_V1_FEATURES = "+neon,+dotprod,+i8mm,+bf16,-sve,-sve2"
+ARM64_LEVELS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("neoverse-v1", ARM64_V1_FEATURES, ("asimddp", "i8mm")),
+    (ARM64_CPU, "", ("asimddp",)),
+)
 X86_LEVELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("cascadelake", ("avx2", "fma", "f16c", "bmi2", "avx512f", "avx512cd", "avx512bw", "avx512dq",
                      "avx512vl", "avx512_vnni")),
@@ -43,22 +57,50 @@ X86_LEVELS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 
-def cpu_flags(path: str = "/proc/cpuinfo") -> frozenset[str]:
-    """The first CPU's flags (x86 `flags`, arm64 `Features`); empty where the file is unreadable."""
+def cpu_flags(path: str = "/proc/cpuinfo", machine: str | None = None) -> frozenset[str]:
+    """The first CPU's flags (x86 `flags`, arm64 `Features`), on arm64 with the kernel's HWCAP
+    bits added (what a build under qemu-user sees: its /proc/cpuinfo is the host's); empty where
+    neither is readable."""
+    found: frozenset[str] = frozenset()
     try:
         with open(path) as f:
             for line in f:
                 key, _, value = line.partition(":")
                 if key.strip() in ("flags", "Features"):
-                    return frozenset(value.split())
+                    found = frozenset(value.split())
+                    break
     except OSError:
         pass
-    return frozenset()
+    if (machine or platform.machine()) in ("aarch64", "arm64"):
+        found |= hwcap_flags()
+    return found
 
 
-def level_spec(name: str, requires: tuple[str, ...] | list[str] = ()) -> dict:
-    """One cpu.json level: the CPU name with empty features (the name's own) and the flags it needs."""
-    return {"NUMBA_CPU_NAME": name, "NUMBA_CPU_FEATURES": "", "requires": list(requires)}
+# arch/arm64/include/uapi/asm/hwcap.h: (AT_HWCAP or AT_HWCAP2, bit) per /proc/cpuinfo name
+_AT_HWCAP, _AT_HWCAP2 = 16, 26
+HWCAPS = {"asimddp": (_AT_HWCAP, 20), "sve": (_AT_HWCAP, 22), "sve2": (_AT_HWCAP2, 1), "i8mm": (_AT_HWCAP2, 13),
+          "bf16": (_AT_HWCAP2, 14)}
+
+
+def hwcap_flags(getauxval=None) -> frozenset[str]:
+    """The HWCAPS names whose bit the kernel (or qemu-user) sets in this process's auxv."""
+    if getauxval is None:
+        try:
+            import ctypes
+
+            fn = ctypes.CDLL(None).getauxval
+            fn.restype, fn.argtypes = ctypes.c_ulong, [ctypes.c_ulong]
+            getauxval = fn
+        except (OSError, AttributeError):
+            return frozenset()
+    words = {at: getauxval(at) for at in (_AT_HWCAP, _AT_HWCAP2)}
+    return frozenset(name for name, (at, bit) in HWCAPS.items() if words[at] >> bit & 1)
+
+
+def level_spec(name: str, requires: tuple[str, ...] | list[str] = (), features: str = "") -> dict:
+    """One cpu.json level: the CPU name, its NUMBA_CPU_FEATURES (empty: the name's own) and the
+    flags it needs."""
+    return {"NUMBA_CPU_NAME": name, "NUMBA_CPU_FEATURES": features, "requires": list(requires)}
 
 
 def choose_level(levels: list[dict], flags: frozenset[str]) -> dict | None:
@@ -92,7 +134,7 @@ def prepare(environ=os.environ, machine: str | None = None, flags: frozenset[str
         except (OSError, ValueError, AttributeError):
             levels = []
         info["numba_cpu_levels"] = [lv.get("NUMBA_CPU_NAME") for lv in levels]
-        level = choose_level(levels, cpu_flags() if flags is None else flags) or {}
+        level = choose_level(levels, cpu_flags(machine=machine) if flags is None else flags) or {}
         for k, v in level.items():
             if k in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES"):
                 environ.setdefault(k, str(v))
@@ -154,38 +196,39 @@ def cache_tokenizers(models: list[str]) -> list[dict]:
     return done
 
 
-def build(cache_dir: str, machine: str | None = None, arm64_cpu: str = ARM64_CPU,
+def build(cache_dir: str, machine: str | None = None, arm64_cpu: str | None = None,
           flags: frozenset[str] | None = None, warm: tuple[str, ...] = ("-m", "engine", "warm-kernels"),
           models: list[str] | tuple[str, ...] = ()) -> list[str]:
     """The image build: compile every kernel into `cache_dir` once per level this machine can run
     (warm-kernels runs models, so a level the build CPU lacks would die of SIGILL: it is left
     out, and said), write cpu.json, and build the tokenizer of each baked-in model (`models`:
-    .gguf files or directories of them) beside the kernels. Returns the levels built."""
+    .gguf files or directories of them) beside the kernels. `arm64_cpu`: that one arm64 target
+    with its own features instead of ARM64_LEVELS. Returns the levels built."""
     import subprocess
     import sys
 
     machine = machine or platform.machine()
-    levels: list[tuple[str, tuple[str, ...]]]
+    levels: list[tuple[str, str, tuple[str, ...]]]
     if machine in ("aarch64", "arm64"):
-        levels = [(arm64_cpu, ())]
+        levels = list(ARM64_LEVELS) if arm64_cpu is None else [(arm64_cpu, "", ())]
     elif machine in ("x86_64", "AMD64"):
-        levels = list(X86_LEVELS)
+        levels = [(name, "", requires) for name, requires in X86_LEVELS]
     else:
-        levels = [("generic", ())]
-    have = cpu_flags() if flags is None else flags
+        levels = [("generic", "", ())]
+    have = cpu_flags(machine=machine) if flags is None else flags
     os.makedirs(cache_dir, exist_ok=True)
     built: list[dict] = []
-    for name, requires in levels:
+    for name, features, requires in levels:
         missing = [f for f in requires if f not in have]
         if missing:
             print(f"numba_cache build: skipping {name}: this build CPU lacks {' '.join(missing)} "
                   f"(build on a CPU that has them to include it)", flush=True)
             continue
-        env = {**os.environ, "NUMBA_CPU_NAME": name, "NUMBA_CPU_FEATURES": "", "NUMBA_CACHE_DIR": cache_dir}
+        env = {**os.environ, "NUMBA_CPU_NAME": name, "NUMBA_CPU_FEATURES": features, "NUMBA_CACHE_DIR": cache_dir}
         subprocess.run([sys.executable, *warm], env=env, check=True)
-        built.append(level_spec(name, requires))
+        built.append(level_spec(name, requires, features))
     if not built:
-        raise SystemExit(f"numba_cache build: no level of {[n for n, _ in levels]} runs on this CPU")
+        raise SystemExit(f"numba_cache build: no level of {[lv[0] for lv in levels]} runs on this CPU")
     with open(os.path.join(cache_dir, CPU_FILE), "w") as f:
         json.dump({"levels": built}, f)
     baked = gguf_files(models)
@@ -203,7 +246,8 @@ if __name__ == "__main__":
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="compile the image's kernel cache, one per CPU level this machine runs")
     b.add_argument("--dir", default="/opt/numba-cache")
-    b.add_argument("--arm64-cpu", default=ARM64_CPU, help="arm64 target (neoverse-v1/-v2: Graviton3/4 only)")
+    b.add_argument("--arm64-cpu", default=None,
+                   help="one arm64 target instead of the levels (neoverse-v1/-v2 with SVE: Graviton3/4 only)")
     b.add_argument("--models", nargs="*", default=[], help="baked-in .gguf files (or directories): their tokenizers too")
     t = sub.add_parser("tokenizers", help="build these models' tokenizers into TOKENIZER_CACHE_DIR / NUMBA_CACHE_DIR")
     t.add_argument("models", nargs="+")

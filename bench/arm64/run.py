@@ -30,6 +30,7 @@ from pathlib import Path
 
 from bench import cpu_name
 from bench.arm64 import build, cost, mca
+from function.numba_cache import ARM64_V1_FEATURES
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -39,11 +40,22 @@ RESULTS = ROOT / "bench" / "results"
 # The emulated CPU per target. N1: qemu's own neoverse-n1 model, exactly N1's features (no
 # i8mm, no SVE), so no library picks a path by HWCAP that Graviton2 lacks. V1: qemu 7.2 has no
 # neoverse-v1 model; `max` with Graviton3's 256-bit SVE (as make test-arm64 runs V1).
-QEMU_CPU = {"neoverse-n1": "neoverse-n1", "neoverse-v1": "max,sve256=on"}
+QEMU_CPU = {"neoverse-n1": "neoverse-n1", "neoverse-v1": "max,sve256=on", "neoverse-v1-nosve": "max,sve256=on"}
+# A target that is an image level with features of its own (function/numba_cache.py
+# ARM64_LEVELS: Graviton3/4's kernels, neoverse-v1 with SVE off): ours compiles for that name and
+# those features; llama.cpp's side is that CPU's build.
+LEVELS = {"neoverse-v1-nosve": ("neoverse-v1", ARM64_V1_FEATURES)}
+
+
+def cpu_of(target: str) -> str:
+    """The Neoverse core a target is (its llama.cpp build and class-model core)."""
+    return LEVELS.get(target, (target, ""))[0]
+
 PHASES = ("prefill_p1", "prefill_p2", "decode")
 # The cores each target's binaries are priced on per block (mca.py). Lambda compiles for N1 on
 # every Graviton (the image's numba target), so the N1 build is priced on V1 and V2 as well.
-PRICE_ON = {"neoverse-n1": ("neoverse-n1", "neoverse-v1", "neoverse-v2"), "neoverse-v1": ("neoverse-v1", "neoverse-v2")}
+PRICE_ON = {"neoverse-n1": ("neoverse-n1", "neoverse-v1", "neoverse-v2"), "neoverse-v1": ("neoverse-v1", "neoverse-v2"),
+            "neoverse-v1-nosve": ("neoverse-v1", "neoverse-v2")}
 
 
 def _model(preset: str, weights: str) -> Path:
@@ -56,7 +68,8 @@ def _model(preset: str, weights: str) -> Path:
 
 def _our_env(target: str) -> dict:
     cache = userland.DEFAULT_CACHE
-    env = userland.python_env(cache, NUMBA_CPU_NAME=target, NUMBA_CPU_FEATURES="",
+    name, features = LEVELS.get(target, (target, ""))
+    env = userland.python_env(cache, NUMBA_CPU_NAME=name, NUMBA_CPU_FEATURES=features,
                               NUMBA_CACHE_DIR=str(cache / "numba" / target), NUMBA_NUM_THREADS="1",
                               OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", PYTHONHASHSEED="0")
     env["QEMU_CPU"] = QEMU_CPU[target]
@@ -94,7 +107,7 @@ def measure(target: str, model: Path, sizes: list[int], out_dir: Path, reuse: bo
     runs = {
         "ours": (_our_cmd([qemu, "-plugin", args("ours")], model, sizes), _our_env(target)),
         "llama": ([qemu, "-cpu", QEMU_CPU[target], "-plugin", args("llama"),
-                   str(build.driver_path(target)), str(model), *map(str, sizes)],
+                   str(build.driver_path(cpu_of(target))), str(model), *map(str, sizes)],
                   {"PATH": os.environ.get("PATH", "")}),
     }
     procs, t0 = {}, time.perf_counter()
@@ -144,7 +157,7 @@ def per_block(target: str, runs: dict, coverage: float = mca.COVERAGE) -> dict:
 
 
 def report(target: str, runs: dict) -> dict:
-    core = cost.CORES[target]
+    core = cost.CORES[cpu_of(target)]
     ours = cost.phase_counts(runs["ours"]["plugin"], PHASES)
     llama = cost.phase_counts(runs["llama"]["plugin"], PHASES)
     return {"target": target, "qemu_cpu": QEMU_CPU[target], "guide": core.guide,
@@ -192,14 +205,14 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [a.p1, a.p2, a.n]
     userland.setup()
     model = _model(a.preset, a.weights)
-    build.main(["--targets", ",".join(targets)])
+    build.main(["--targets", ",".join(sorted({cpu_of(t) for t in targets}))])
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     work = Path(a.runs) if a.runs else ROOT / ".bench" / "arm64" / "runs" / stamp
     work.mkdir(parents=True, exist_ok=True)
     receipt = {"bench": "arm64-cost-model", "stamp": stamp, "model": model.name, "preset": a.preset,
                "weights": a.weights, "p1": a.p1, "p2": a.p2, "n": a.n, "threads": 1,
                "qemu": subprocess.run([build.QEMU, "--version"], capture_output=True, text=True).stdout.split("\n")[0],
-               "llama_cpp": build.LLAMA_CPP_PYTHON, "llama_march": {t: build.ARCH[t] for t in targets},
+               "llama_cpp": build.LLAMA_CPP_PYTHON, "llama_march": {t: build.ARCH[cpu_of(t)] for t in targets},
                "host_cpu": cpu_name(), "targets": {}}
     for t in targets:
         warm_s = warm(t, model)

@@ -34,7 +34,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 import arm64_userland as U  # noqa: E402
 
-TARGETS = ["generic", "neoverse-n1", "neoverse-v1", "neoverse-v2"]
+TARGETS = ["generic", "neoverse-n1", "neoverse-v1", "neoverse-v1-nosve", "neoverse-v2"]
+# Targets that are an image level with features of its own (function/numba_cache.py
+# ARM64_LEVELS); every other target is a numba CPU name with its own features (empty).
+LEVEL_TARGETS = {"neoverse-v1-nosve": ("neoverse-v1", "+neon,+dotprod,+i8mm,+bf16,-sve,-sve2")}
 FULL = [
     "tests/arm64/test_targets.py",
     "tests/engine/test_quant_kernels.py",
@@ -94,8 +97,9 @@ def run_target(cache: Path, target: str, tests: list[str], out_dir: Path, fresh:
     numba_dir = cache / "numba" / target
     if fresh:
         shutil.rmtree(numba_dir, ignore_errors=True)
-    env = U.python_env(cache, NUMBA_CPU_NAME=target, NUMBA_CPU_FEATURES="", NUMBA_CACHE_DIR=str(numba_dir),
-                       WARMLLM_THREADS="2", WARMLLM_ARM64_OUT=str(out_dir),
+    name, features = LEVEL_TARGETS.get(target, (target, ""))
+    env = U.python_env(cache, NUMBA_CPU_NAME=name, NUMBA_CPU_FEATURES=features, NUMBA_CACHE_DIR=str(numba_dir),
+                       WARMLLM_THREADS="2", WARMLLM_ARM64_OUT=str(out_dir), WARMLLM_ARM64_TARGET=target,
                        WARMLLM_ARM64_MODELS=str(cache / "models"))
     cmd = [*NICE, *U.python_cmd(cache), "-m", "pytest", "-q", "-rxs", "-p", "no:cacheprovider", "-p", "tests.arm64.plugin",
            "-o", "addopts=", "-m", "not oracle and not slow", *tests]

@@ -30,7 +30,7 @@ import arm64_userland as U  # noqa: E402
 pytestmark = pytest.mark.slow
 CACHE = Path(os.environ.get("WARMLLM_ARM64_CACHE", U.DEFAULT_CACHE))
 OUT = Path(os.environ.get("WARMLLM_ARM64_OUT", CACHE / "results"))
-TARGETS = ["generic", "neoverse-n1", "neoverse-v1", "neoverse-v2"]
+TARGETS = ["generic", "neoverse-n1", "neoverse-v1", "neoverse-v1-nosve", "neoverse-v2"]  # tests/arm64/run.py's
 
 # Cross-target tolerances. numba's fastmath lets LLVM reassociate and contract (FMA) differently
 # per CPU model, and OpenBLAS picks different GEMM kernels per CPU, so float results differ in the

@@ -16,6 +16,7 @@ pytestmark = pytest.mark.skipif(platform.machine() not in ("aarch64", "arm64"),
                                 reason="runs in the emulated arm64 userland (make test-arm64)")
 
 CPU = os.environ.get("NUMBA_CPU_NAME") or "generic"
+TARGET = os.environ.get("WARMLLM_ARM64_TARGET") or CPU  # a level with features of its own has its own name
 
 
 def test_numba_compiles_for_the_requested_cpu():
@@ -23,6 +24,7 @@ def test_numba_compiles_for_the_requested_cpu():
 
     cg = cpu_target.target_context.codegen()
     assert cg._get_host_cpu_name() == CPU
+    assert cg._get_host_cpu_features() == os.environ.get("NUMBA_CPU_FEATURES", cg._get_host_cpu_features())
     assert cg._tm.triple.startswith("aarch64")
 
 
@@ -35,4 +37,4 @@ def test_record_outputs(model_factory):
         pytest.skip("WARMLLM_ARM64_OUT not set (the runner sets it)")
     data = record(lambda w: Engine.load(str(model_factory("tiny", w)), warm_up=False))
     Path(out_dir).mkdir(parents=True, exist_ok=True)
-    np.savez(Path(out_dir) / f"{CPU}.npz", **data)
+    np.savez(Path(out_dir) / f"{TARGET}.npz", **data)

@@ -120,6 +120,32 @@ def test_prepare_takes_the_best_level_this_cpu_runs(tmp_path):
     assert numba_cache.cpu_flags(str(tmp_path / "missing")) == frozenset()
 
 
+def test_arm64_image_levels_give_graviton3_the_i8mm_tiles_without_sve(tmp_path):
+    src = tmp_path / "image-cache"
+    src.mkdir()
+    levels = [numba_cache.level_spec(name, req, feats) for name, feats, req in numba_cache.ARM64_LEVELS]
+    (src / "cpu.json").write_text(json.dumps({"levels": levels}))
+    # /proc/cpuinfo Features of a Graviton2 (N1) and a Graviton3 (V1), as Linux prints them
+    g2 = frozenset("fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm lrcpc dcpop "
+                   "asimddp ssbs".split())
+    g3 = g2 | {"sve", "i8mm", "bf16", "svei8mm", "svebf16", "dcpodp", "sha3", "sm3", "sm4", "asimdfhm"}
+    for flags, name, feats in ((g3, "neoverse-v1", numba_cache.ARM64_V1_FEATURES), (g2, "neoverse-n1", "")):
+        env = {"WARMLLM_NUMBA_CACHE_SRC": str(src), "NUMBA_CACHE_DIR": str(tmp_path / name)}
+        info = numba_cache.prepare(env, machine="aarch64", flags=flags)
+        assert (env["NUMBA_CPU_NAME"], env["NUMBA_CPU_FEATURES"]) == (name, feats)
+        assert info["numba_cpu_levels"] == ["neoverse-v1", "neoverse-n1"]
+    # what the engine reads from that level: i8mm without SVE
+    feats = {f[1:] for f in numba_cache.ARM64_V1_FEATURES.split(",") if f[0] == "+"}
+    assert {"dotprod", "i8mm"} <= feats and "sve" not in feats and "-sve" in numba_cache.ARM64_V1_FEATURES
+
+
+def test_hwcap_bits_name_the_graviton_features():
+    # AT_HWCAP (16) and AT_HWCAP2 (26) of a Graviton3: asimddp bit 20, sve bit 22; i8mm bit 13, bf16 bit 14
+    aux = {16: (1 << 20) | (1 << 22) | 0xFF, 26: (1 << 13) | (1 << 14)}
+    assert numba_cache.hwcap_flags(aux.__getitem__) == {"asimddp", "sve", "i8mm", "bf16"}
+    assert numba_cache.hwcap_flags({16: 1 << 20, 26: 0}.__getitem__) == {"asimddp"}   # Graviton2
+
+
 def test_build_compiles_the_levels_the_build_cpu_runs_and_says_which_it_skips(tmp_path, capsys):
     # the warm command records which CPU target it ran for (the real one is `python -m engine warm-kernels`)
     warm = ("-c", "import os; d = os.environ['NUMBA_CACHE_DIR']; "
@@ -136,6 +162,16 @@ def test_build_compiles_the_levels_the_build_cpu_runs_and_says_which_it_skips(tm
     assert numba_cache.build(str(tmp_path / "c"), machine="aarch64", arm64_cpu="neoverse-v1",
                              flags=frozenset(), warm=warm) == ["neoverse-v1"]
     assert (tmp_path / "c" / "neoverse-v1.ran").read_text() == ""
+    # arm64's levels: both where the build CPU has i8mm (qemu's max), N1 alone on a Graviton2
+    assert numba_cache.build(str(tmp_path / "e"), machine="aarch64", flags=frozenset({"asimddp", "i8mm"}),
+                             warm=warm) == ["neoverse-v1", "neoverse-n1"]
+    assert (tmp_path / "e" / "neoverse-v1.ran").read_text() == numba_cache.ARM64_V1_FEATURES
+    spec = json.loads((tmp_path / "e" / "cpu.json").read_text())
+    assert [(lv["NUMBA_CPU_NAME"], lv["NUMBA_CPU_FEATURES"]) for lv in spec["levels"]] == [
+        ("neoverse-v1", numba_cache.ARM64_V1_FEATURES), ("neoverse-n1", "")]
+    assert numba_cache.build(str(tmp_path / "f"), machine="aarch64", flags=frozenset({"asimddp"}),
+                             warm=warm) == ["neoverse-n1"]
+    assert "skipping neoverse-v1" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="no level"):
         numba_cache.build(str(tmp_path / "d"), machine="x86_64", flags=frozenset({"sse2"}), warm=warm)
 
@@ -188,7 +224,7 @@ def test_the_image_build_caches_a_baked_models_tokenizer_for_the_cold_start(tmp_
     (model_dir / "pyproject.toml").write_text("")              # the Dockerfile's COPY placeholder: not a model
     image, tmp = tmp_path / "opt-numba-cache", tmp_path / "tmp-numba-cache"
     warm = ("-c", "pass")
-    assert numba_cache.build(str(image), machine="aarch64", flags=frozenset(), warm=warm, models=[str(model_dir)])
+    assert numba_cache.build(str(image), machine="aarch64", flags=frozenset({"asimddp"}), warm=warm, models=[str(model_dir)])
     tag = Path(os.environ["NUMBA_CACHE_DIR"]).name                 # this engine's version: engine-<hash>
     assert tag.startswith("engine-") and any((image / tag / "tokenizers").iterdir())
 
