@@ -98,9 +98,11 @@ oracle-fixtures: $(STAMP)
 # first time, reused after. BENCH_ARGS passes options to bench.run (e.g. --modes native --rounds 3;
 # --depths 4096,32768; a long prompt: -p 32768 --peer-repetitions 1; --large: the 4B Q4_K_M, 9B Q3_K_M
 # and 9B IQ4_XS files instead).
+# x86_64: native and the AVX2 floor; arm64 (a real Graviton: docs/arm64.md): native only
+BENCH_VARIANTS = $(if $(filter x86_64,$(shell uname -m)),native avx2,native)
 bench: $(STAMP)
-	$(PY) -m bench.build_llama native avx2
-	$(PY) -m bench.peers build
+	$(PY) -m bench.build_llama $(BENCH_VARIANTS)
+	$(PY) -m bench.peers build --variants $(BENCH_VARIANTS)
 	$(PY) -m bench.run $(BENCH_ARGS)
 
 # The cold start (issue 53): a fresh process per run, the handler module imported as Lambda's init

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import platform
 import shlex
 import subprocess
 import sys
@@ -28,8 +29,10 @@ from pathlib import Path
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"  # the version the oracle fixtures were recorded with
 
 NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+X86 = platform.machine() in ("x86_64", "AMD64")
 VARIANTS: dict[str, list[str]] = {
-    "native": ["-DGGML_NATIVE=ON", f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}"],
+    # on arm64 (a real Graviton, docs/arm64.md's recipe) native is the compiler's -mcpu=native alone
+    "native": ["-DGGML_NATIVE=ON", *([f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}"] if X86 else [])],
     "avx2": ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
              "-DGGML_AVX512=OFF", "-DGGML_AVX512_VBMI=OFF", "-DGGML_AVX512_VNNI=OFF", "-DGGML_AVX512_BF16=OFF",
              "-DGGML_AVX_VNNI=OFF", "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"],

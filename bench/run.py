@@ -19,9 +19,10 @@ bench/results/<stamp>.json:
   cpu.json), and generic tuning is what llama.cpp's -mavx2 build gets. Haswell's scheduling
   model made the parallel Q8_0 decode kernel 2.5-3x slower than its own serial twin on an
   Emerald Rapids host (same inner loop; docs/cpus.md), a cost no Lambda function pays.
-- `image`: ours compiled as the x86_64 image runs on this CPU (function/numba_cache.py
-  X86_LEVELS: the best level the CPU has, `cascadelake` or `x86-64-v3`, NUMBA_CPU_FEATURES
-  empty), OpenBLAS unpinned; llama.cpp native.
+- `image`: ours compiled as the image runs on this CPU (function/numba_cache.py X86_LEVELS: the
+  best level the CPU has, `cascadelake` or `x86-64-v3`; on arm64 ARM64_LEVELS, neoverse-v1
+  without SVE on Graviton3/4, neoverse-n1 on Graviton2), OpenBLAS unpinned; llama.cpp native.
+  The only mode on arm64 (the default there).
 
 Two peers, each built for the mode's variant (native, or avx2 for `avx2`) in
 ~/.cache/warmllm/peers (WARMLLM_PEERS_DIR; make bench builds them first, ~15-30 min each on 2
@@ -101,10 +102,15 @@ def _mode_env(mode: str, threads: int) -> tuple[dict, str]:
     if mode == "image":
         from function import numba_cache
 
-        level = numba_cache.best_x86_level(numba_cache.cpu_flags())
+        if platform.machine() in ("aarch64", "arm64"):  # a real Graviton: the level its image start picks
+            level = numba_cache.best_arm64_level(numba_cache.cpu_flags())
+            where = "arm64"
+        else:
+            level = numba_cache.best_x86_level(numba_cache.cpu_flags())
+            where = "x86_64"
         if level is None:
-            raise SystemExit("--modes image: this CPU runs none of the x86_64 image's levels")
-        env.update(NUMBA_CPU_NAME=level["NUMBA_CPU_NAME"], NUMBA_CPU_FEATURES="")
+            raise SystemExit(f"--modes image: this CPU runs none of the {where} image's levels")
+        env.update(NUMBA_CPU_NAME=level["NUMBA_CPU_NAME"], NUMBA_CPU_FEATURES=level["NUMBA_CPU_FEATURES"])
     if mode == "native-pinned":
         env.setdefault("OPENBLAS_CORETYPE", "Haswell")
     if mode == "avx2":
@@ -299,6 +305,13 @@ LARGE_RUNS = (("4b", "Q4_K_M"), ("9b", "Q3_K_M"), ("9b", "IQ4_XS"))
 KV_GOAL_TOKENS = 8192  # the RSS goal: peak RSS <= 1.1 x (file + K/V for this many tokens)
 
 
+def default_modes(machine: str | None = None) -> str:
+    """x86_64: native, avx2 (the floor Lambda promises), native-pinned. arm64 (a real Graviton,
+    docs/arm64.md's recipe): `image`, ours as the image's kernels for this Graviton (numba's host
+    target there would be SVE code, which its LLVM miscompiles), llama.cpp native."""
+    return "image" if (machine or platform.machine()) in ("aarch64", "arm64") else "native,avx2,native-pinned"
+
+
 @dataclass(frozen=True)
 class Plan:
     runs: tuple[tuple[str, str], ...]   # (preset, weights)
@@ -323,7 +336,7 @@ def plan(a: argparse.Namespace) -> Plan:
                                  + ",".join(":".join(r) for r in LARGE_RUNS))
             runs = tuple(r for r in LARGE_RUNS if r in want)
         return Plan(runs, modes, "", 0, 0, quick=True)
-    modes = tuple((a.modes or "native,avx2,native-pinned").split(","))
+    modes = tuple((a.modes or default_modes()).split(","))
     depths = tuple(int(d) for d in str(getattr(a, "depths", "") or "").split(",") if d.strip())
     real = getattr(a, "real", "")
     runs = () if real == "only" else tuple((a.preset, w) for w in a.weights.split(","))
@@ -398,7 +411,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "(bench.constrained; 0: skip)")
     ap.add_argument("--modes", default=None,
                     help="comma-separated: native, native-pinned, avx2, image (see the module docstring); "
-                         "default native,avx2,native-pinned (--large: native)")
+                         "default native,avx2,native-pinned on x86_64, image on arm64 (--large: native)")
     ap.add_argument("--real", nargs="?", const="also", default="", choices=["also", "only"],
                     help="the real model (make real-model) beside the factory files; `--real only`: it alone")
     ap.add_argument("--large", action="store_true",
@@ -438,7 +451,8 @@ def main() -> int:
             env, variant = _mode_env(mode, a.threads)
             run = {"weights": weights, "model": str(model.relative_to(ROOT)), "mode": mode,
                    "openblas_pinned": "OPENBLAS_CORETYPE" in env, "pins": {k: env.get(k) for k in PINS},
-                   "numba_cpu_name": env.get("NUMBA_CPU_NAME"), "llama_cpp_build": variant, "blas": _blas_info(env)}
+                   "numba_cpu_name": env.get("NUMBA_CPU_NAME"), "numba_cpu_features": env.get("NUMBA_CPU_FEATURES"),
+                   "llama_cpp_build": variant, "blas": _blas_info(env)}
             run["preset"] = preset
             run["model_bytes"] = model.stat().st_size
             run["load_average_before"] = os.getloadavg()

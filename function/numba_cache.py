@@ -111,6 +111,11 @@ def choose_level(levels: list[dict], flags: frozenset[str]) -> dict | None:
     return None
 
 
+def best_arm64_level(flags: frozenset[str]) -> dict | None:
+    """The arm64 image level a CPU with these flags runs (what a cold start would pick), else None."""
+    return choose_level([level_spec(name, requires, feats) for name, feats, requires in ARM64_LEVELS], flags)
+
+
 def best_x86_level(flags: frozenset[str]) -> dict | None:
     """The x86_64 image level a CPU with these flags runs (what a cold start would pick), else None."""
     return choose_level([level_spec(name, requires) for name, requires in X86_LEVELS], flags)

@@ -34,10 +34,13 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 import arm64_userland as U  # noqa: E402
 
+sys.path.insert(0, str(ROOT))
+from function.numba_cache import ARM64_V1_FEATURES  # noqa: E402  (imports nothing of numba)
+
 TARGETS = ["generic", "neoverse-n1", "neoverse-v1", "neoverse-v1-nosve", "neoverse-v2"]
 # Targets that are an image level with features of its own (function/numba_cache.py
 # ARM64_LEVELS); every other target is a numba CPU name with its own features (empty).
-LEVEL_TARGETS = {"neoverse-v1-nosve": ("neoverse-v1", "+neon,+dotprod,+i8mm,+bf16,-sve,-sve2")}
+LEVEL_TARGETS = {"neoverse-v1-nosve": ("neoverse-v1", ARM64_V1_FEATURES)}
 FULL = [
     "tests/arm64/test_targets.py",
     "tests/engine/test_quant_kernels.py",

@@ -117,6 +117,27 @@ def test_image_mode_compiles_ours_as_the_x86_64_image_does_on_this_cpu(monkeypat
         _mode_env("image", 2)
 
 
+def test_on_a_graviton_bench_runs_ours_as_the_arm64_image_would(monkeypatch):
+    """docs/arm64.md's recipe for a real Graviton: `make bench` there measures the image's level."""
+    import platform
+
+    from bench import run
+    from function import numba_cache
+
+    assert run.default_modes("aarch64") == "image"
+    assert run.default_modes("x86_64") == "native,avx2,native-pinned"
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+    for flags, want in ((frozenset({"asimddp", "i8mm", "sve"}), ("neoverse-v1", numba_cache.ARM64_V1_FEATURES)),
+                        (frozenset({"asimddp"}), ("neoverse-n1", ""))):
+        monkeypatch.setattr(numba_cache, "cpu_flags", lambda flags=flags: flags)
+        env, variant = run._mode_env("image", 2)
+        assert (env["NUMBA_CPU_NAME"], env["NUMBA_CPU_FEATURES"]) == want and variant == "native"
+    monkeypatch.setattr(numba_cache, "cpu_flags", lambda: frozenset({"asimd"}))  # no dot products
+    import pytest
+    with pytest.raises(SystemExit, match="none of the arm64 image's levels"):
+        run._mode_env("image", 2)
+
+
 def test_peers_are_best_of_rounds_and_ratios_are_ours_over_theirs():
     from bench.run import peer_ratios, peer_summary
 
