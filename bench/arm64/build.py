@@ -28,6 +28,7 @@ import tarfile
 from pathlib import Path
 
 from bench.build_llama import LLAMA_CPP_PYTHON
+from bench.peers import PEERS
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / ".bench" / "arm64"
@@ -99,31 +100,42 @@ def build_plugin() -> Path:
     return so
 
 
-def llama_source() -> Path:
-    """vendor/llama.cpp of the pinned llama-cpp-python sdist."""
-    src = OUT / "llama-src"
-    vendor = next(iter(src.glob("llama_cpp_python-*/vendor/llama.cpp")), None)
+# The peers' sources: (folder under OUT, pip requirement, package's sdist prefix, vendored folder).
+# ik_llama.cpp comes from the same PyPI sdist as the x86 bench's peer (bench/peers.py).
+SOURCES = {
+    "llama": ("llama-src", LLAMA_CPP_PYTHON, "llama_cpp_python", "vendor/llama.cpp"),
+    "ik": ("ik-src", f"{PEERS['ik'].package}=={PEERS['ik'].version}", "ik_llama_cpp_python", PEERS["ik"].source),
+}
+
+
+def llama_source(peer: str = "llama") -> Path:
+    """The vendored llama.cpp (or ik_llama.cpp) of the pinned sdist."""
+    folder, requirement, prefix, vendored = SOURCES[peer]
+    src = OUT / folder
+    vendor = next(iter(src.glob(f"{prefix}-*/{vendored}")), None)
     if vendor is not None:
         return vendor
     src.mkdir(parents=True, exist_ok=True)
-    _run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", "llama-cpp-python",
-          "-d", str(src), LLAMA_CPP_PYTHON])
-    sdist = next(src.glob("llama_cpp_python-*.tar.gz"))
+    _run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", requirement.split("==")[0],
+          "-d", str(src), requirement])
+    sdist = next(src.glob(f"{prefix}-*.tar.gz"))
     with tarfile.open(sdist) as t:
         t.extractall(src, filter="data")
-    return next(src.glob("llama_cpp_python-*/vendor/llama.cpp"))
+    return next(src.glob(f"{prefix}-*/{vendored}"))
 
 
-def driver_path(target: str) -> Path:
-    return OUT / f"llama-{target}" / "llama_driver"
+def driver_path(target: str, peer: str = "llama") -> Path:
+    return OUT / f"{peer}-{target}" / "llama_driver"
 
 
-def build_llama(target: str) -> Path:
-    exe = driver_path(target)
+def build_llama(target: str, peer: str = "llama") -> Path:
+    """`peer`'s driver for `target` (a Graviton core of ARCH, or X86_LEVEL): a static build of its
+    ggml and llama libraries with our llama_driver.c linked against them."""
+    exe = driver_path(target, peer)
     if exe.exists():
         return exe
-    vendor = llama_source()
-    bdir = OUT / f"llama-{target}" / "build"
+    vendor = llama_source(peer)
+    bdir = OUT / f"{peer}-{target}" / "build"
     x86 = target == X86_LEVEL
     if x86:
         cc, cxx, march = "gcc", "g++", X86_LEVEL
@@ -132,6 +144,11 @@ def build_llama(target: str) -> Path:
         cc, cxx, march = "aarch64-linux-gnu-gcc", "aarch64-linux-gnu-g++", ARCH[target]
         arch_flags = ["-DCMAKE_SYSTEM_NAME=Linux", "-DCMAKE_SYSTEM_PROCESSOR=aarch64",
                       f"-DGGML_CPU_ARM_ARCH={march}"]
+        if peer == "ik":
+            # its older ggml takes the ISA from the compiler flags (no GGML_CPU_ARM_ARCH), and its
+            # NEON kernels need FP16 vector arithmetic, which every Graviton has (Features: asimdhp)
+            march += "+fp16"
+            arch_flags += [f"-DCMAKE_C_FLAGS=-march={march}", f"-DCMAKE_CXX_FLAGS=-march={march}"]
     _run(["cmake", "-S", str(vendor), "-B", str(bdir), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
           f"-DCMAKE_C_COMPILER={cc}", f"-DCMAKE_CXX_COMPILER={cxx}", *arch_flags,
           "-DGGML_NATIVE=OFF", "-DGGML_OPENMP=OFF",
@@ -143,9 +160,9 @@ def build_llama(target: str) -> Path:
     # libllama's compile flags do not depend on the target (GGML_CPU_ARM_ARCH reaches ggml-cpu
     # only; build.ninja gives src/ the same -O3 flags in every target's build), so one target's
     # libllama.a serves all: the 45-odd C++ files of src/ take most of a build's time.
-    # (per architecture: the x86 calibration build has its own)
-    built = sorted(p for p in OUT.glob("llama-*/build/src/libllama.a") if x86 == (X86_LEVEL in str(p)))
-    if built:
+    # (per architecture and peer: the x86 calibration build and ik_llama.cpp have their own)
+    built = sorted(p for p in OUT.glob(f"{peer}-*/build/src/libllama.a") if x86 == (X86_LEVEL in str(p)))
+    if built and peer == "llama":
         libllama = built[0]
     else:
         _run(["nice", "-n", "10", "cmake", "--build", str(bdir), "--target", "llama", "-j", jobs])
@@ -153,7 +170,8 @@ def build_llama(target: str) -> Path:
     libs = [str(libllama)] + sorted(str(p) for p in bdir.glob("ggml/src/**/*.a"))
     # ggml's archives reference each other: link them as a group
     obj = bdir / "llama_driver.o"
-    _run([cc, "-O2", f"-march={march}", "-Wall", f"-I{vendor / 'include'}", f"-I{vendor / 'ggml' / 'include'}",
+    defines = ["-DWARMLLM_IK_LLAMA"] if peer == "ik" else []
+    _run([cc, "-O2", f"-march={march}", "-Wall", *defines, f"-I{vendor / 'include'}", f"-I{vendor / 'ggml' / 'include'}",
           "-c", str(HERE / "llama_driver.c"), "-o", str(obj)])
     _run([cxx, "-static", str(obj), "-Wl,--start-group", *libs, "-Wl,--end-group", "-lpthread", "-lm", "-o", str(exe)])
     return exe

@@ -9,7 +9,10 @@
  * prefill, 3 after N decode steps that continue the P2 prompt. A marker is
  * lseek(-1, MARK_MAGIC, phase): EBADF on any kernel, so the program behaves the same without
  * the plugin. Token ids: a fixed LCG in [0, 4000), as engine/bench.py draws below 4000.
- * Built by bench/arm64/build.py against the llama-cpp-python source; no llama.cpp code here. */
+ * Built by bench/arm64/build.py against the llama-cpp-python source, and with -DWARMLLM_IK_LLAMA
+ * against ik_llama.cpp's (ik-llama-cpp-python's sdist: its older API clears the KV cache and
+ * frees the model by other names; its weights repacked at load and flash attention on, as
+ * bench/peers.py runs its llama-bench: -rtr 1 -fa 1); no llama.cpp code here. */
 #include <errno.h>
 #include <time.h>
 #include <stdio.h>
@@ -60,6 +63,9 @@ int main(int argc, char **argv) {
     llama_log_set(quiet, NULL);
     llama_backend_init();
     struct llama_model_params mp = llama_model_default_params();
+#ifdef WARMLLM_IK_LLAMA
+    mp.repack_tensors = true;
+#endif
     struct llama_model *model = llama_model_load_from_file(argv[1], mp);
     if (!model) { fprintf(stderr, "cannot load %s\n", argv[1]); return 1; }
     struct llama_context_params cp = llama_context_default_params();
@@ -68,17 +74,26 @@ int main(int argc, char **argv) {
     cp.n_ctx = (uint32_t)(big + n + 16);
     cp.n_batch = cp.n_ubatch = (uint32_t)big;                    /* one ubatch per prefill, as llama-bench -p 512 */
     cp.n_threads = cp.n_threads_batch = 1;
+#ifdef WARMLLM_IK_LLAMA
+    cp.flash_attn = true;
+#endif
     struct llama_context *ctx = llama_init_from_model(model, cp);
     if (!ctx) { fprintf(stderr, "cannot create a context\n"); return 1; }
     struct llama_batch b = llama_batch_init((int32_t)cp.n_batch, 0, 1);
+#ifndef WARMLLM_IK_LLAMA
     llama_memory_t mem = llama_get_memory(ctx);
+#define CLEAR_CACHE() llama_memory_clear(mem, true)
+#else
+#define CLEAR_CACHE() llama_kv_cache_clear(ctx)
+#define llama_model_free llama_free_model
+#endif
 
     run(ctx, &b, 70, 0); run(ctx, &b, 1, 70); run(ctx, &b, 1, 71);   /* warm-up */
-    llama_memory_clear(mem, true);
+    CLEAR_CACHE();
     mark(0);
     run(ctx, &b, p1, 0);
     mark(1);
-    llama_memory_clear(mem, true);
+    CLEAR_CACHE();
     run(ctx, &b, p2, 0);
     mark(2);
     for (int i = 0; i < n; i++) run(ctx, &b, 1, p2 + i);

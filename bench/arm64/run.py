@@ -95,9 +95,11 @@ def warm(target: str, model: Path) -> float:
     return time.perf_counter() - t0
 
 
-def measure(target: str, model: Path, sizes: list[int], out_dir: Path, reuse: bool = False) -> dict:
-    """Both sides under the plugin at once; returns their plugin JSON and stdout. With `reuse`, a
-    side whose `<target>-<side>.json` and `.out` are already in `out_dir` is not run again."""
+def measure(target: str, model: Path, sizes: list[int], out_dir: Path, reuse: bool = False,
+            peers: tuple[str, ...] = ("llama",)) -> dict:
+    """Ours and each peer (llama: mainline llama.cpp; ik: ik_llama.cpp) under the plugin at once;
+    returns their plugin JSON and stdout. With `reuse`, a side whose `<target>-<side>.json` and
+    `.out` are already in `out_dir` is not run again."""
     plugin = build.build_plugin()
     qemu = shutil.which(build.QEMU) or build.QEMU
 
@@ -106,9 +108,9 @@ def measure(target: str, model: Path, sizes: list[int], out_dir: Path, reuse: bo
 
     runs = {
         "ours": (_our_cmd([qemu, "-plugin", args("ours")], model, sizes), _our_env(target)),
-        "llama": ([qemu, "-cpu", QEMU_CPU[target], "-plugin", args("llama"),
-                   str(build.driver_path(cpu_of(target))), str(model), *map(str, sizes)],
-                  {"PATH": os.environ.get("PATH", "")}),
+        **{peer: ([qemu, "-cpu", QEMU_CPU[target], "-plugin", args(peer),
+                   str(build.driver_path(cpu_of(target), peer)), str(model), *map(str, sizes)],
+                  {"PATH": os.environ.get("PATH", "")}) for peer in peers},
     }
     procs, t0 = {}, time.perf_counter()
     for side, (cmd, env) in runs.items():
@@ -137,7 +139,8 @@ def measure(target: str, model: Path, sizes: list[int], out_dir: Path, reuse: bo
 
 
 def per_block(target: str, runs: dict, coverage: float = mca.COVERAGE) -> dict:
-    """Each phase of both sides priced block by block on each core of PRICE_ON[target]."""
+    """Each phase of every side priced block by block on each core of PRICE_ON[target]; ours ÷
+    llama.cpp (`ratio_cycles`) and ÷ ik_llama.cpp (`ratio_cycles_ik`) when it ran."""
     files = {side: mca.read_blocks(runs[side]["blocks"]) for side in runs}
     execs = {side: mca.phase_executions(bf, PHASES) for side, bf in files.items()}
     asm = {}
@@ -151,8 +154,9 @@ def per_block(target: str, runs: dict, coverage: float = mca.COVERAGE) -> dict:
             p = {side: mca.price(execs[side][ph], core, coverage, asm[side]) for side in runs}
             out[core][ph] = {side: {k: round(v, 4) if isinstance(v, float) else v for k, v in vars(p[side]).items()}
                              for side in p}
-            out[core][ph]["ratio_cycles"] = (round(p["ours"].cycles / p["llama"].cycles, 3)
-                                             if p["llama"].cycles else None)
+            for peer, key in (("llama", "ratio_cycles"), ("ik", "ratio_cycles_ik")):
+                if peer in p:
+                    out[core][ph][key] = round(p["ours"].cycles / p[peer].cycles, 3) if p[peer].cycles else None
     return out
 
 
@@ -164,6 +168,7 @@ def report(target: str, runs: dict) -> dict:
             "decode_width": core.decode_width, "decode_source": core.decode_source,
             "rows": {c: {"recip": r.recip, "group": r.group, "source": r.source} for c, r in core.rows.items()},
             "ours_info": runs["ours"]["info"], "llama_info": runs["llama"]["info"],
+            **({"ik_info": runs["ik"]["info"]} if "ik" in runs else {}),
             "wall_s": {s: runs[s]["wall_s"] for s in runs},
             "phases": {ph: cost.compare(ours[ph], llama[ph], core) for ph in PHASES},
             "per_block": (per_block(target, runs) if all(runs[s].get("blocks") for s in runs) else None)}
@@ -183,6 +188,9 @@ def _print(rep: dict, sizes: list[int]) -> None:
         print(f"  per block on {core} (llvm-mca), ours / llama.cpp cycles: "
               + ", ".join(f"{names[ph]} {r['ratio_cycles']} (covered {r['ours']['covered']:.2f} / "
                           f"{r['llama']['covered']:.2f})" for ph, r in phases.items()))
+        if any("ratio_cycles_ik" in r for r in phases.values()):
+            print(f"  per block on {core}, ours / ik_llama.cpp cycles: "
+                  + ", ".join(f"{names[ph]} {r.get('ratio_cycles_ik')}" for ph, r in phases.items()))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -194,6 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-p2", type=int, default=512)
     ap.add_argument("-n", type=int, default=16)
     ap.add_argument("--out", default=None, help="receipt path (default bench/results/arm64-<stamp>.json)")
+    ap.add_argument("--peers", default="llama",
+                    help="comma-separated: llama (mainline, from llama-cpp-python's sdist), ik (ik_llama.cpp, from "
+                         "ik-llama-cpp-python's sdist: priced per block beside ours, ratio_cycles_ik)")
     ap.add_argument("--runs", default=None,
                     help="folder for the plugin outputs (default .bench/arm64/runs/<stamp>); outputs already there "
                          "are reused, not run again (re-price a run after changing cost.py)")
@@ -205,18 +216,24 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [a.p1, a.p2, a.n]
     userland.setup()
     model = _model(a.preset, a.weights)
+    peers = tuple(p for p in a.peers.split(",") if p)
+    if "llama" not in peers or set(peers) - {"llama", "ik"}:
+        ap.error(f"--peers {a.peers}: llama, optionally with ik")
     build.main(["--targets", ",".join(sorted({cpu_of(t) for t in targets}))])
+    if "ik" in peers:
+        for core in sorted({cpu_of(t) for t in targets}):
+            build.build_llama(core, "ik")
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     work = Path(a.runs) if a.runs else ROOT / ".bench" / "arm64" / "runs" / stamp
     work.mkdir(parents=True, exist_ok=True)
     receipt = {"bench": "arm64-cost-model", "stamp": stamp, "model": model.name, "preset": a.preset,
                "weights": a.weights, "p1": a.p1, "p2": a.p2, "n": a.n, "threads": 1,
                "qemu": subprocess.run([build.QEMU, "--version"], capture_output=True, text=True).stdout.split("\n")[0],
-               "llama_cpp": build.LLAMA_CPP_PYTHON, "llama_march": {t: build.ARCH[cpu_of(t)] for t in targets},
+               "llama_cpp": build.LLAMA_CPP_PYTHON, "peers": list(peers), "ik_llama_cpp": build.SOURCES["ik"][1], "llama_march": {t: build.ARCH[cpu_of(t)] for t in targets},
                "host_cpu": cpu_name(), "targets": {}}
     for t in targets:
         warm_s = warm(t, model)
-        rep = report(t, measure(t, model, sizes, work, reuse=a.runs is not None))
+        rep = report(t, measure(t, model, sizes, work, reuse=a.runs is not None, peers=peers))
         rep["warm_s"] = round(warm_s, 1)
         receipt["targets"][t] = rep
         _print(rep, sizes)

@@ -218,6 +218,13 @@ def test_the_report_prices_both_sides_per_block_on_every_core_the_target_runs_on
     # ours 2 instructions x executions against llama's 4 x executions: the cores' rates cancel
     assert [pb["neoverse-n1"][p]["ratio_cycles"] for p in run.PHASES] == [0.5, 2.0, 2.0]
     assert pb["neoverse-v2"]["decode"]["ours"]["cycles"] == 4.0
+    assert all("ratio_cycles_ik" not in r for r in pb["neoverse-n1"].values())
+    # ik_llama.cpp as a second peer: its own ratio beside llama.cpp's
+    ik = side("i", (7,), [10, 40, 8])
+    rep = run.report("neoverse-n1", {"ours": side("o", ours, [10, 40, 4]), "llama": side("l", llama, [10, 10, 1]),
+                                     "ik": ik})
+    assert [rep["per_block"]["neoverse-v1"][p]["ratio_cycles_ik"] for p in run.PHASES] == [2.0, 2.0, 1.0]
+    assert [rep["per_block"]["neoverse-v1"][p]["ratio_cycles"] for p in run.PHASES] == [0.5, 2.0, 2.0]
 
 
 def test_calibration_compares_the_best_native_times_with_the_priced_cycles():
