@@ -199,7 +199,9 @@ class X4Block:
         self.runs, self.scale, self.d4, self.dmin4, self.mins16 = runs, scale, d4, dmin4, mins16
 
 
-def x4_unpack(kind: str, row, i) -> X4Block:
+def x4_unpack(kind: str, row, i, q6_minus32: bool = True) -> X4Block:
+    """Block i of an x4 row unpacked to int8 runs. `q6_minus32=False`: Q6_K's quants as stored,
+    0..63, for a caller that takes the -32 through the activations' sums."""
     b = row.b
     i64 = lambda v: ir.Constant(I64, v)  # noqa: E731
     size = X4_BLOCK[kind]
@@ -232,7 +234,9 @@ def x4_unpack(kind: str, row, i) -> X4Block:
                     low = b.and_(ql, c8(15)) if t < 2 else b.lshr(ql, c8(4))
                     # bits 2t, 2t+1 of qh to bits 4, 5: one shift at most (none for t = 2)
                     high = qh if t == 2 else b.shl(qh, c8(4 - 2 * t)) if t < 2 else b.lshr(qh, c8(2))
-                    q = b.sub(b.or_(low, b.and_(high, c8(0x30))), c8(32))
+                    q = b.or_(low, b.and_(high, c8(0x30)))
+                    if q6_minus32:
+                        q = b.sub(q, c8(32))
                     runs[g].append((q, 16 * g, k))
     return X4Block(runs, lambda j: sc[j], _f16x4(row, b.add(p, i64(832))))
 
@@ -283,16 +287,24 @@ def _x4_sdot_codegen(kind: str, ntok: int):
         vf = vec(F32, 4)
         zero = ir.Constant(V4, [0] * 4)
         mins = kind == "q4_k" and ntok == 1
+        # Q6_K decode: the quants stay 0..63 and each group's sum starts at -32 x the token's
+        # sum of that group (its Q8_K sums per 16): one `dup` per 16 values instead of one `sub`
+        # per weight vector (bench/arm64's per-block pricing: ours' N1 decode rows spent 3.0-4.1
+        # cycles per sdot against llama.cpp's 2.6-2.9). Integer arithmetic: the same sums.
+        q6_sums = kind == "q6_k" and ntok == 1
         accs = [cgutils.alloca_once_value(b, ir.Constant(vf, [0.0] * 4)) for _ in range(ntok + mins)]
         with cgutils.for_range(b, row.arg["nb"]) as loop:
             i = b.sext(loop.index, I64) if loop.index.type.width < 64 else loop.index
-            blk = x4_unpack(kind, row, i)
+            blk = x4_unpack(kind, row, i, q6_minus32=not q6_sums)
             xs = [_x4_token_vectors(row, i, t) for t in range(ntok)]
             isums = [zero] * ntok
+            if q6_sums:
+                s16 = row.load("xs", b.mul(i, ir.Constant(I64, 16)), vec(I16, 16), align=2)
+                start = b.mul(b.sext(s16, vec(I32, 16)), ir.Constant(vec(I32, 16), [-32] * 16))
             for j, units in enumerate(blk.runs):
                 sv = blk.scale(j)
                 for t in range(ntok):
-                    s = zero
+                    s = b.shuffle_vector(start, start, ir.Constant(vec(I32, 4), [j] * 4)) if q6_sums else zero
                     for w, off, k in units:
                         s = sdot(b, s, w, _dup32(b, xs[t](off), k))
                     isums[t] = b.add(isums[t], b.mul(s, sv))
