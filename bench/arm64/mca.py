@@ -257,8 +257,9 @@ def price(execs: Mapping[Code, int], core: str, coverage: float = COVERAGE,
           asm: Mapping[Code, list[str]] | None = None, arch: str = "aarch64") -> PhasePrice:
     """A phase's cycles on `core` (llvm-mca's model of it) from its blocks' executions. `asm`:
     blocks already disassembled (the same blocks priced on several cores)."""
-    rep_bytes = sum(n * rep_element_bytes(w) for w, n in execs.items())
-    execs = {w: n for w, n in execs.items() if not rep_element_bytes(w)}
+    rep = {w: rep_element_bytes(w) for w in execs}
+    rep_bytes = sum(n * rep[w] for w, n in execs.items())
+    execs = {w: n for w, n in execs.items() if not rep[w]}
     total = sum(len(w) * n for w, n in execs.items())
     hot = hottest(execs, coverage)
     if asm is None:

@@ -85,7 +85,6 @@ NICE = ["nice", "-n", "10"] if shutil.which("nice") else []
 
 def host_models(cache: Path) -> Path:
     """The tiny factory models built here (x86), as the llama.cpp fixtures were (see plugin.py)."""
-    sys.path.insert(0, str(ROOT))
     from engine.synthetic.factory import make_model
     from tests.arm64.plugin import model_name
 
