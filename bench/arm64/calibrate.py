@@ -33,7 +33,7 @@ from pathlib import Path
 
 from bench import cpu_name
 from bench.arm64 import build, mca
-from bench.arm64.run import PHASES, RESULTS, ROOT, _model
+from bench.arm64.run import PHASES, RESULTS, ROOT, _model, last_json
 
 QEMU_X86 = "qemu-x86_64"
 NUMBA_CACHE = ROOT / ".numba_cache_x86-64-v3"  # make test-avx2's: the same target, kernels shared
@@ -63,10 +63,6 @@ def commands(model: Path, sizes: Sequence[int]) -> dict[str, tuple[list[str], di
             "llama": ([str(build.driver_path(build.X86_LEVEL)), *args], {"PATH": os.environ.get("PATH", "")})}
 
 
-def _last_json(stdout: str) -> dict:
-    return json.loads(stdout.strip().splitlines()[-1])
-
-
 def native(model: Path, sizes: Sequence[int], rounds: int) -> dict[str, list[list[float]]]:
     """Each side's phase wall times (ms), once per round; the sides alternate."""
     out: dict[str, list[list[float]]] = {"ours": [], "llama": []}
@@ -76,7 +72,7 @@ def native(model: Path, sizes: Sequence[int], rounds: int) -> dict[str, list[lis
             res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
             if res.returncode != 0:
                 raise RuntimeError(f"{side} failed natively ({res.returncode}):\n{res.stderr[-3000:]}")
-            out[side].append(_last_json(res.stdout)["phase_ms"])
+            out[side].append(last_json(res.stdout)["phase_ms"])
     return out
 
 

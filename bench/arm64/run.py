@@ -95,6 +95,11 @@ def warm(target: str, model: Path) -> float:
     return time.perf_counter() - t0
 
 
+def last_json(stdout: str) -> dict:
+    """A driver's result: the JSON object on its last line of output (bench.arm64.ours, llama_driver.c)."""
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
 def measure(target: str, model: Path, sizes: list[int], out_dir: Path, reuse: bool = False,
             peers: tuple[str, ...] = ("llama",)) -> dict:
     """Ours and each peer (llama: mainline llama.cpp; ik: ik_llama.cpp) under the plugin at once;
@@ -130,7 +135,7 @@ def measure(target: str, model: Path, sizes: list[int], out_dir: Path, reuse: bo
         time.sleep(1)
     out = {}
     for side in runs:
-        info = json.loads((out_dir / f"{target}-{side}.out").read_text().strip().splitlines()[-1])
+        info = last_json((out_dir / f"{target}-{side}.out").read_text())
         counts = json.loads((out_dir / f"{target}-{side}.json").read_text())
         blocks = out_dir / f"{target}-{side}.blocks"
         out[side] = {"info": info, "plugin": counts, "wall_s": wall.get(side),
