@@ -127,3 +127,30 @@ def test_arm_kernels_are_sdot_code(qtype):
         for op in (want, "prfm"):
             assert f"\t{op}\t" in asm or f" {op} " in asm, f"{kernel.__name__}: no {op}"
         assert "smull" not in asm or want in asm
+
+
+
+@on_arm
+def test_the_x4_decode_rows_spend_few_vector_ops_per_sdot():
+    """Vector instructions per `sdot` in the x4 decode kernel's assembly (arm.tiles.mv_k_x4: the
+    Q4_K and the Q6_K row, each inlined twice; their block loops are almost all of it, 64 `sdot`
+    a block each). bench/arm64's per-block pricing (llvm-mca neoverse-n1) found the Q6_K row
+    widening its 16 scales with zip/ushll/shl/sshr each (LLVM's fold of a shuffled sext) and
+    merging each 6-bit quant with shl/and/orr: 4.90 per `sdot` in all. Widening by `smull`/`umull`
+    (arm.neon.widen_quarters) and merging with `sli`/`sri` made it 3.84; undoing either
+    gives 4.3 or more."""
+    import re
+
+    from tests.asm import asm_of
+
+    rows, cols = 256, 256
+    plan = K.MatvecPlan(T.Q6_K, _random_blocks(T.Q6_K, rows, cols, 5), rows, cols)
+    plan(np.ones(cols, np.float32), np.empty(rows, np.float32))
+    assert plan.kernel is tiles.mv_k_x4
+    asm = "\n".join(asm_of(plan.kernel))
+    vector = re.findall(r"^\s*([a-z][a-z0-9.]*)\s+v\d+\.", asm, re.M)
+    sdots = vector.count("sdot")
+    assert sdots >= 4 * 64, f"{sdots} sdot: not the two rows inlined twice"
+    assert vector.count("sli") >= 32 and vector.count("sri") >= 32, "the Q6_K row merges without sli/sri"
+    ratio = len(vector) / sdots
+    assert ratio <= 4.2, f"{len(vector)} vector instructions for {sdots} sdot: {ratio:.2f} per sdot"

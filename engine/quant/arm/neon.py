@@ -61,6 +61,34 @@ def c8(v: int):
     return ir.Constant(V16, [v] * 16)
 
 
+def sli(builder, keep, v, n: int):
+    """(v << n) | (keep's low n bits), bytewise: `sli v.16b, #n` (one op for a shift, mask, or)."""
+    return neon_call(builder, "llvm.aarch64.neon.vsli.v16i8", V16, [keep, v, ir.Constant(I32, n)])
+
+
+def sri(builder, keep, v, n: int):
+    """(v >> n) | (keep's high n bits), bytewise: `sri v.16b, #n`."""
+    return neon_call(builder, "llvm.aarch64.neon.vsri.v16i8", V16, [keep, v, ir.Constant(I32, n)])
+
+
+def widen_quarters(builder, v16, signed: bool) -> list:
+    """<16 x i8> as four <4 x i32> (bytes 4q..4q+3), by widening multiplies by one
+    (`smull`/`umull` and their `2` forms: 6 ops). An IR sext/zext followed by the quarters'
+    shuffles is folded by LLVM into an extension of each 4-byte quarter, which <4 x i8> being no
+    legal type costs zip + ushll + shl + sshr each (bench/arm64's per-block pricing of the x4
+    decode rows: 64 ops per Q6_K block)."""
+    b = builder
+    kind = "smull" if signed else "umull"
+    v8, v8h, v4h = vec(I8, 8), vec(I16, 8), vec(I16, 4)
+    half = lambda v, n, q: b.shuffle_vector(v, v, ir.Constant(vec(I32, n), list(range(n * q, n * q + n))))  # noqa: E731
+    out = []
+    for h in range(2):
+        w16 = neon_call(b, f"llvm.aarch64.neon.{kind}.v8i16", v8h, [half(v16, 8, h), ir.Constant(v8, [1] * 8)])
+        for q in range(2):
+            out.append(neon_call(b, f"llvm.aarch64.neon.{kind}.v4i32", V4, [half(w16, 4, q), ir.Constant(v4h, [1] * 4)]))
+    return out
+
+
 def lane_splat(b, v, lane: int, n: int = 4):
     return b.shuffle_vector(v, v, ir.Constant(vec(I32, n), [lane] * n))
 
