@@ -137,8 +137,8 @@ def test_the_x4_decode_rows_spend_few_vector_ops_per_sdot():
     a block each). bench/arm64's per-block pricing (llvm-mca neoverse-n1) found the Q6_K row
     widening its 16 scales with zip/ushll/shl/sshr each (LLVM's fold of a shuffled sext) and
     merging each 6-bit quant with shl/and/orr: 4.90 per `sdot` in all. Widening by `smull`/`umull`
-    (arm.neon.widen_quarters) and merging with `sli`/`sri` made it 3.84; undoing either
-    gives 4.3 or more."""
+    (arm.neon.widen_quarters) and merging with `sli`/`sri` made it 3.84 (3.95 with the
+    unpacking written per run, for the tiles); undoing either gives 4.3 or more."""
     import re
 
     from tests.asm import asm_of
@@ -154,3 +154,31 @@ def test_the_x4_decode_rows_spend_few_vector_ops_per_sdot():
     assert vector.count("sli") >= 32 and vector.count("sri") >= 32, "the Q6_K row merges without sli/sri"
     ratio = len(vector) / sdots
     assert ratio <= 4.2, f"{len(vector)} vector instructions for {sdots} sdot: {ratio:.2f} per sdot"
+
+
+@on_arm
+def test_the_x4_sdot_tiles_take_8_tokens_and_spill_nothing():
+    """N1's prefill tile (arm.tiles.mm_k_x4) runs 8 tokens per unpacked weight vector (4 for a
+    last, partial step) and its block loops keep everything in registers: before the run
+    barrier and the per-run loads (arm.x4._run_barrier, _Runs) LLVM spilled 90-126 vectors per
+    8-token block loop and 32-53 per 4-token one, a store and a load each (bench/arm64's N1
+    pricing). Each block loop with 256 `sdot` or more may move vectors to or from the stack 4
+    times at most."""
+    import re
+
+    from tests.asm import asm_of
+
+    rows, cols = 256, 256
+    plan = K.MatvecPlan(T.Q4_K, _random_blocks(T.Q4_K, rows, cols, 5), rows, cols)
+    plan.tokens(np.ones((9, cols), np.float32))
+    if plan.k.tile is not tiles.mm_k_x4:
+        pytest.skip(f"{paths.target().level}'s x4 tiles are {plan.k.tile.__name__}")
+    asm = "\n".join(asm_of(tiles.mm_k_x4))
+    loops = [blk for blk in re.split(r"^\.LBB\w+:", asm, flags=re.M) if blk.count("\tsdot\t") >= 256]
+    sdots = sorted(blk.count("\tsdot\t") for blk in loops)
+    # Q4_K and Q6_K, 4 and 8 tokens: 64 sdot per token and block
+    assert sdots == [256, 256, 512, 512], sdots
+    # vector registers stored to or loaded from the stack (pointers reloaded into x registers
+    # are a few scalar loads, not counted)
+    spills = [len(re.findall(r"^\s*(?:ldr|str|ldp|stp|ldur|stur)\s+q\d+,.*\[sp\b", blk, re.M)) for blk in loops]
+    assert max(spills) <= 4, f"vector stack accesses per block loop: {spills}"

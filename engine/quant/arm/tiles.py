@@ -8,8 +8,8 @@ import numpy as np
 from numba import njit, prange
 
 from .neon import q4_k_row_pair_smmla, q5_k_row_pair_smmla, q6_k_row_pair_smmla, q8_0_row_pair_smmla
-from .x4 import (q4_k_x4_dot, q4_k_x4_smmla, q4_k_x4_tile, q6_k_x4_dot, q6_k_x4_smmla, q6_k_x4_tile,
-                 x4_tile_dst, x4_tile_tail)
+from .x4 import (X4_SDOT_TILE, q4_k_x4_dot, q4_k_x4_smmla, q4_k_x4_tile, q4_k_x4_tile8, q6_k_x4_dot,
+                 q6_k_x4_smmla, q6_k_x4_tile, q6_k_x4_tile8, x4_tile_dst, x4_tile_tail)
 from ..int8_dot import TILE, WIDE_TILE
 from ..int8_kernels import ROW_CHUNK
 from ..njit_base import MV as _MV
@@ -109,15 +109,22 @@ def mm_k_x4(w4, xq, xd, out, rows, q6):
     cols = nb * 256
     groups = w4.shape[0]
     for c in prange((groups + _X4_CHUNK - 1) // _X4_CHUNK):
-        tmp = np.empty(4 * WIDE_TILE, np.float32)
-        for t0 in range(0, tp, WIDE_TILE):
+        tmp = np.empty(4 * X4_SDOT_TILE, np.float32)
+        for t0 in range(0, tp, X4_SDOT_TILE):
+            # tp is a multiple of WIDE_TILE (4): the last step may be 4 tokens
+            n = min(X4_SDOT_TILE, tp - t0)
             for g in range(c * _X4_CHUNK, min(groups, (c + 1) * _X4_CHUNK)):
-                dst, o, stride = x4_tile_dst(out, tmp, rows, t0, g, WIDE_TILE)
-                if q6:
+                dst, o, stride = x4_tile_dst(out, tmp, rows, t0, g, n)
+                if n == X4_SDOT_TILE:
+                    if q6:
+                        q6_k_x4_tile8(w4[g], nb, xq, t0 * cols, cols, xd, t0 * nb, nb, dst, o, stride)
+                    else:
+                        q4_k_x4_tile8(w4[g], nb, xq, t0 * cols, cols, xd, t0 * nb, nb, dst, o, stride)
+                elif q6:
                     q6_k_x4_tile(w4[g], nb, xq, t0 * cols, cols, xd, t0 * nb, nb, dst, o, stride)
                 else:
                     q4_k_x4_tile(w4[g], nb, xq, t0 * cols, cols, xd, t0 * nb, nb, dst, o, stride)
-                x4_tile_tail(out, tmp, rows, t0, g, WIDE_TILE)
+                x4_tile_tail(out, tmp, rows, t0, g, n)
 
 
 @njit(**_MV)

@@ -35,8 +35,8 @@ from engine.quant.arm.neon import V4, V16, c8, sdot, sli, smmla, sri, widen_quar
 #     d[4] f16, dmin[4] f16, scales[8 runs][4 rows] u8, mins[8][4] u8, 8 segments x 64 bytes
 #   Q6_K x4 block, 840 bytes (4 x 210):
 #     scales[16 groups][4 rows] i8, 12 segments x 64 bytes (ql 0-7, qh 8-11), d[4] f16
-# Q6_K's -32 is subtracted from the unpacked quants (-32..31 are valid int8), so no activation
-# sums are needed; Q4_K's mins go against the activations' sums per 32 (decode: `smlal` by
+# Q6_K's -32 is subtracted from the unpacked quants in the tiles (-32..31 are valid int8) and
+# taken through the activations' sums in the decode row; Q4_K's mins go against the activations' sums per 32 (decode: `smlal` by
 # element into an i32 vector per 4 rows; tiles: one small float product, as every tile).
 # Rows beyond the last multiple of 4 are zero rows (d = 0) whose results are dropped.
 #   Q8_0 x4 block, 136 bytes (4 x 34; x86/x4.py only, arm64 keeps its row-pair kernels):
@@ -199,9 +199,33 @@ class X4Block:
         self.runs, self.scale, self.d4, self.dmin4, self.mins16 = runs, scale, d4, dmin4, mins16
 
 
-def x4_unpack(kind: str, row, i, q6_minus32: bool = True) -> X4Block:
+class _Runs:
+    """A block's runs, each loaded and unpacked when first asked for, so its loads sit with its
+    `sdot`s. With the tiles' barrier between runs (_run_barrier) a Q4_K vector's high nibbles
+    (the next run) load it again instead of keeping the raw vector live across 8 tokens' work:
+    LLVM spilled those (a store and a load each) rather than load twice."""
+
+    def __init__(self, n: int, make):
+        self.n, self.make = n, make
+        self.done: dict[int, list] = {}
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, j: int):
+        if j not in self.done:
+            self.done[j] = self.make(j)
+        return self.done[j]
+
+    def __iter__(self):
+        return (self[j] for j in range(self.n))
+
+
+def x4_unpack(kind: str, row, i, q6_minus32: bool = True, lazy: bool = False) -> X4Block:
     """Block i of an x4 row unpacked to int8 runs. `q6_minus32=False`: Q6_K's quants as stored,
-    0..63, for a caller that takes the -32 through the activations' sums."""
+    0..63, for a caller that takes the -32 through the activations' sums. `lazy`: each run
+    loaded and unpacked when first used (the tiles, with _run_barrier); else all at once, in
+    the order that lets a decode row's scheduler merge each Q6_K low-bits vector's two uses."""
     b = row.b
     i64 = lambda v: ir.Constant(I64, v)  # noqa: E731
     size = X4_BLOCK[kind]
@@ -212,35 +236,42 @@ def x4_unpack(kind: str, row, i, q6_minus32: bool = True) -> X4Block:
         sc = [q for off in (16, 32) for q in widen_quarters(b, load16(off), signed=False)]
         mn16 = b.zext(row.load("row", b.add(p, i64(48)), vec(I8, 32), align=1), vec(I16, 32))
         mins16 = lambda j: b.shuffle_vector(mn16, mn16, ir.Constant(vec(I32, 4), list(range(4 * j, 4 * j + 4))))  # noqa: E731
-        runs: list[list] = [[] for _ in range(8)]
-        for c in range(4):
-            for hh in range(2):
-                for k in range(4):
-                    v = load16(80 + 64 * (2 * c + hh) + 16 * k)
-                    for half, nib in enumerate((b.and_(v, c8(15)), b.lshr(v, c8(4)))):
-                        runs[2 * c + half].append((nib, 64 * c + 32 * half + 16 * hh, k))
+
+        def q4_unit(j: int, hh: int, k: int):
+            c, half = divmod(j, 2)
+            v = load16(80 + 64 * (2 * c + hh) + 16 * k)
+            return (b.and_(v, c8(15)) if half == 0 else b.lshr(v, c8(4)), 64 * c + 32 * half + 16 * hh, k)
+        runs = _x4_runs(q4_unit, 8, 2, [(2 * c + half, hh, k) for c in range(4) for hh in range(2)
+                                        for k in range(4) for half in range(2)], lazy)
         return X4Block(runs, lambda j: sc[j], _f16x4(row, p), _f16x4(row, b.add(p, i64(8))), mins16)
     sc = [q for off in (0, 16, 32, 48) for q in widen_quarters(b, load16(off), signed=True)]
-    runs = [[] for _ in range(16)]
-    for h in range(2):
-        for hh in range(2):
-            for k in range(4):
-                qh = load16(64 + 64 * (8 + 2 * h + hh) + 16 * k)
-                qh2 = b.lshr(qh, c8(2))
-                for t in range(4):
-                    g = 8 * h + 2 * t + hh
-                    ql = load16(64 + 64 * (4 * h + 2 * (t & 1) + hh) + 16 * k)
-                    # qh's bits 2t, 2t+1 beside ql's nibble: `sli`/`sri` shift, mask and merge in
-                    # one op (3.25 ops a weight vector before, with shl/and/orr: per-block pricing)
-                    bits = qh if t % 2 == 0 else qh2
-                    if t < 2:
-                        q = sli(b, ql, b.and_(bits, c8(3)), 4)        # ql & 15 | bits << 4
-                    else:
-                        q = sri(b, b.and_(bits, c8(0x30)), ql, 4)     # ql >> 4 | bits 4, 5
-                    if q6_minus32:
-                        q = b.sub(q, c8(32))
-                    runs[g].append((q, 16 * g, k))
+
+    def q6_unit(g: int, _: int, k: int):
+        h, t, hh = g // 8, (g % 8) // 2, g % 2
+        qh = load16(64 + 64 * (8 + 2 * h + hh) + 16 * k)
+        ql = load16(64 + 64 * (4 * h + 2 * (t & 1) + hh) + 16 * k)
+        # qh's bits 2t, 2t+1 beside ql's nibble: `sli`/`sri` shift, mask and merge in one op
+        # (3.25 ops a weight vector before, with shl/and/orr: per-block pricing)
+        bits = qh if t % 2 == 0 else b.lshr(qh, c8(2))
+        if t < 2:
+            q = sli(b, ql, b.and_(bits, c8(3)), 4)        # ql & 15 | bits << 4
+        else:
+            q = sri(b, b.and_(bits, c8(0x30)), ql, 4)     # ql >> 4 | bits 4, 5
+        return (b.sub(q, c8(32)) if q6_minus32 else q, 16 * g, k)
+    runs = _x4_runs(q6_unit, 16, 1, [(8 * h + 2 * t + hh, 0, k) for h in range(2) for hh in range(2)
+                                     for k in range(4) for t in range(4)], lazy)
     return X4Block(runs, lambda j: sc[j], _f16x4(row, b.add(p, i64(832))))
+
+
+def _x4_runs(unit, n: int, halves: int, order, lazy: bool):
+    """The n runs of `unit(run, half, k)` (a run: its halves x 4 vectors, in that order): a
+    _Runs, or lists made in `order` (run, half, k)."""
+    if lazy:
+        return _Runs(n, lambda j: [unit(j, hh, k) for hh in range(halves) for k in range(4)])
+    runs: list[list] = [[] for _ in range(n)]
+    for j, hh, k in order:
+        runs[j].append(unit(j, hh, k))
+    return runs
 
 
 def _x4_token_vectors(row, i, t: int):
@@ -277,6 +308,19 @@ _X4_ROW = ("row", "nb", "xq", "xd", "xs", "out", "o")
 _X4_TILE = ("row", "nb", "xq", "xo", "xstride", "xd", "do", "dstride", "out", "oo", "ostride")
 
 
+def _run_barrier(b, values: list) -> list:
+    """values (<4 x i32> each) through an empty `asm volatile` with a memory clobber: the run's
+    sums are done before it and the next run's loads come after it. Without it LLVM's scheduler
+    starts several runs of a tile at once (their weight loads first) and spills: 90-126 vector
+    stores and loads per block loop of the 8-token tiles, 32-53 of the 4-token ones; with it
+    (and _Runs) 0-2. It emits no instruction."""
+    n = len(values)
+    ty = ir.FunctionType(ir.LiteralStructType([V4] * n), [V4] * n)
+    constraint = ",".join(["=w"] * n + [str(k) for k in range(n)] + ["~{memory}"])
+    res = b.call(ir.InlineAsm(ty, "", constraint, side_effect=True), values)
+    return [b.extract_value(res, k) for k in range(n)]
+
+
 def _x4_sdot_codegen(kind: str, ntok: int):
     """4 rows (one x4 row) times ntok tokens with by-element `sdot`: out[o + r] (decode, Q4_K's
     mins inside) or out[oo + t * ostride + r] (tiles; Q4_K: minus what is there, the mins'
@@ -294,10 +338,21 @@ def _x4_sdot_codegen(kind: str, ntok: int):
         # per weight vector (bench/arm64's per-block pricing: ours' N1 decode rows spent 3.0-4.1
         # cycles per sdot against llama.cpp's 2.6-2.9). Integer arithmetic: the same sums.
         q6_sums = kind == "q6_k" and ntok == 1
-        accs = [cgutils.alloca_once_value(b, ir.Constant(vf, [0.0] * 4)) for _ in range(ntok + mins)]
+        if ntok == 1:
+            accs = [cgutils.alloca_once_value(b, ir.Constant(vf, [0.0] * 4)) for _ in range(1 + mins)]
+        else:
+            # tiles add each block into the output itself (a load and a store per token and
+            # block): 8 float sums fewer in registers for the 8-token tile, whose integer sums, a
+            # run's weight vectors and the tokens' activations fill the other 32. Starting from
+            # minus what is there is Q4_K's "minus the mins' product".
+            accs = [array_ptr(context, b, row.aty["out"], row.arg["out"], row.offset("oo", "ostride", t), vf)
+                    for t in range(ntok)]
+            for ptr in accs:
+                first = b.fsub(ir.Constant(vf, [0.0] * 4), b.load(ptr, align=4)) if kind == "q4_k" else ir.Constant(vf, [0.0] * 4)
+                b.store(first, ptr, align=4)
         with cgutils.for_range(b, row.arg["nb"]) as loop:
             i = b.sext(loop.index, I64) if loop.index.type.width < 64 else loop.index
-            blk = x4_unpack(kind, row, i, q6_minus32=not q6_sums)
+            blk = x4_unpack(kind, row, i, q6_minus32=not q6_sums, lazy=ntok > 1)
             xs = [_x4_token_vectors(row, i, t) for t in range(ntok)]
             isums = [zero] * ntok
             if q6_sums:
@@ -310,9 +365,11 @@ def _x4_sdot_codegen(kind: str, ntok: int):
                     for w, off, k in units:
                         s = sdot(b, s, w, _dup32(b, xs[t](off), k))
                     isums[t] = b.add(isums[t], b.mul(s, sv))
+                if ntok > 1:
+                    isums = _run_barrier(b, isums)
             for t in range(ntok):
                 xd = _fvec_splat(b, row.load("xd", b.add(row.offset("do", "dstride", t), i), F32))
-                b.store(_fma4(b, b.load(accs[t]), isums[t], b.fmul(blk.d4, xd)), accs[t])
+                b.store(_fma4(b, b.load(accs[t], align=4), isums[t], b.fmul(blk.d4, xd)), accs[t], align=4)
             if mins:
                 # the token's sums per 32 (adjacent sums per 16, |.| <= 4064) times the rows' mins:
                 # i16 x i16 -> i32 multiply-accumulate by element (`smlal`)
@@ -332,9 +389,6 @@ def _x4_sdot_codegen(kind: str, ntok: int):
             if mins:
                 res = b.fsub(res, b.load(accs[1]))
             _store4(row, "out", row.arg["o"], res, False)
-        else:
-            for t in range(ntok):
-                _store4(row, "out", row.offset("oo", "ostride", t), b.load(accs[t]), kind == "q4_k")
         return context.get_dummy_value()
     return codegen
 
@@ -397,13 +451,15 @@ def _x4_row_intrinsic(kind: str):
     return intrinsic(typer)
 
 
-def _x4_tile_intrinsic(kind: str, i8mm: bool):
+def _x4_tile_intrinsic(kind: str, i8mm: bool, ntok: int | None = None):
     from engine.quant.int8_dot import WIDE_TILE
+
+    n = ntok or WIDE_TILE
 
     def typer(typingctx, row, nb, xq, xo, xstride, xd, do, dstride, out, oo, ostride):
         sig = types.void(row, nb, xq, xo, xstride, xd, do, dstride, out, oo, ostride)
-        return sig, (_x4_smmla_codegen if i8mm else _x4_sdot_codegen)(kind, WIDE_TILE)
-    typer.__name__ = f"{kind}_x4_{'smmla' if i8mm else 'tile'}"
+        return sig, (_x4_smmla_codegen if i8mm else _x4_sdot_codegen)(kind, n)
+    typer.__name__ = f"{kind}_x4_{'smmla' if i8mm else 'tile'}{n}"
     return intrinsic(typer)
 
 
@@ -415,6 +471,10 @@ q6_k_x4_dot = _x4_row_intrinsic("q6_k")
 # tokens (values at xq[xo + t * xstride:], block scales at xd[do + t * dstride:]): `sdot` (N1) ...
 q4_k_x4_tile = _x4_tile_intrinsic("q4_k", False)
 q6_k_x4_tile = _x4_tile_intrinsic("q6_k", False)
+# ... for X4_SDOT_TILE tokens (N1's prefill: each unpacked weight vector serves twice the tokens)
+X4_SDOT_TILE = 8
+q4_k_x4_tile8 = _x4_tile_intrinsic("q4_k", False, X4_SDOT_TILE)
+q6_k_x4_tile8 = _x4_tile_intrinsic("q6_k", False, X4_SDOT_TILE)
 # ... and `smmla` (i8mm: V1/V2)
 q4_k_x4_smmla = _x4_tile_intrinsic("q4_k", True)
 q6_k_x4_smmla = _x4_tile_intrinsic("q6_k", True)
