@@ -296,11 +296,20 @@ def test_health_and_metrics_answer_while_a_generation_runs(rt, tiny_model_path, 
         assert not long.done                        # answered beside the generation, not after it
         assert "warmllm_active_sequences 1.0" in during and "warmllm_queue_depth 0.0" in during
         assert long.join().done
-        c.request("GET", "/metrics")
-        m = c.getresponse()
-        after = m.read().decode()
-        assert m.getheader("content-type").startswith("text/plain")
-    assert re.search(r'warmllm_requests_total\{route="chat",status="200"\} [1-9]', after)
+        scrapes: list[tuple[str, str]] = []
+
+        def scrape() -> bool:
+            # the request is counted when its handler returns, just after the stream's last
+            # bytes: a client that scrapes the moment it has read them can be a moment early
+            c.request("GET", "/metrics")
+            m = c.getresponse()
+            scrapes.append((m.getheader("content-type"), m.read().decode()))
+            return re.search(r'warmllm_requests_total\{route="chat",status="200"\} [1-9]', scrapes[-1][1]) is not None
+
+        counted = wait_for(scrape, 30)
+        ctype, after = scrapes[-1]
+        assert ctype.startswith("text/plain")
+    assert counted, after
     assert re.search(r"warmllm_generated_tokens_total [1-9]", after)
     assert re.search(r'warmllm_prefill_total\{mode="[a-z_]+"\} [1-9]', after)
     assert "warmllm_snapshot_misses_total" in after and "warmllm_decode_tokens_per_second" in after
