@@ -134,7 +134,7 @@ def _k_x4_avx2() -> dict[T, Int8Kernels]:
 
 def _arm_rows(level: Level) -> dict[T, Int8Kernels]:
     from .arm import lowbit as AL
-    from .arm.tiles import mm_k_smmla, mm_k_x4, mm_k_x4_smmla, mm_q8_0_smmla, mv_k_x4
+    from .arm.tiles import mm_k_smmla, mm_k_x4, mm_q8_0_smmla, mv_k_x4
     from .int8_dot import KNOBS
     from .int8_kernels import mm_q5_k_q8k, mm_q8_0_q8, mv_q5_k_q8k, mv_q8_0_q8
 
@@ -142,8 +142,9 @@ def _arm_rows(level: Level) -> dict[T, Int8Kernels]:
     # `smmla` tiles on i8mm for the formats arm/neon.py has row pairs for; `sdot` ones elsewhere
     tiles = Level.NEON_I8MM if i8mm else Level.NEON_DOTPROD
     rows = {}
+    # Q4_K and Q6_K: the x4 `sdot` tiles on both levels (arm/x4.py: they beat its `smmla` ones)
     for qt, q6 in ((T.Q4_K, False), (T.Q6_K, True)):
-        rows[qt] = Int8Kernels(mv_k_x4, mm_k_x4_smmla if i8mm else mm_k_x4, TileCall.X4, tiles,
+        rows[qt] = Int8Kernels(mv_k_x4, mm_k_x4, TileCall.X4, Level.NEON_DOTPROD,
                                "neon-dotprod-int8x4", (q6,), (q6,), mins_block=0 if q6 else 144, x4=True,
                                every_length=True)
     rows[T.Q5_K] = Int8Kernels(mv_q5_k_q8k, mm_k_smmla if i8mm else mm_q5_k_q8k, TileCall.Q8K_MINS, tiles,

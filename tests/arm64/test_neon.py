@@ -148,7 +148,8 @@ _SVE_REG = re.compile(r"\bz\d+\.[bhsdq]\b|\bp\d+/[zm]\b")
 def test_the_graviton3_level_emits_no_sve():
     """The arm64 image's Graviton3/4 level (function/numba_cache.py ARM64_LEVELS: neoverse-v1
     with SVE off) gets i8mm and NEON dot products and no SVE instruction, so the SVE miscompile
-    above cannot reach it; an int8 dot and the engine's Q4_K tile, compiled for this target."""
+    above cannot reach it; an int8 dot, the engine's Q4_K decode row and x4 tile (`sdot`) and
+    its Q5_K tile (`smmla`), compiled for this target."""
     feats = os.environ.get("NUMBA_CPU_FEATURES", "")
     if "-sve" not in feats.split(","):
         pytest.skip(f"{CPU} with features {feats!r} is not a level with SVE off")
@@ -160,11 +161,14 @@ def test_the_graviton3_level_emits_no_sve():
     assert paths.target().level == paths.Level.NEON_I8MM
     a = (np.arange(256) % 200 - 100).astype(np.int8)
     assert int(_int8_dot(a, a)) == int((a.astype(np.int64) ** 2).sum())
-    plan = K.MatvecPlan(T.Q4_K, _random_blocks(T.Q4_K, 256, 256, 3), 256, 256)  # the decode row and the tile
+    plan = K.MatvecPlan(T.Q4_K, _random_blocks(T.Q4_K, 256, 256, 3), 256, 256)  # the decode row and the x4 tile
     plan(np.ones(256, np.float32), np.empty(256, np.float32))
     plan.tokens(np.ones((3, 256), np.float32))
-    tile = tiles.mm_k_x4_smmla if plan.x4 else tiles.mm_k_smmla
-    asms = asm_of(_int8_dot) + asm_of(plan.kernel) + asm_of(tile)
+    q5 = K.MatvecPlan(T.Q5_K, _random_blocks(T.Q5_K, 256, 256, 3), 256, 256)  # a format with `smmla` tiles
+    q5.tokens(np.ones((3, 256), np.float32))
+    tile = tiles.mm_k_smmla
+    assert q5.k.tile is tile
+    asms = asm_of(_int8_dot) + asm_of(plan.kernel) + asm_of(plan.k.tile) + asm_of(tile)
     assert any(re.search(r"^\s*smmla\s+v", s, re.M) for s in asm_of(tile)), "the i8mm level's tile has no smmla"
     sve = [m.group(0) for s in asms for m in _SVE_REG.finditer(s)]
     assert sve == [], f"SVE registers in {CPU} code with SVE off: {sorted(set(sve))[:8]}"

@@ -61,8 +61,10 @@ def test_paths_name_the_arm_kernels_per_format():
     got = choice.kernel_paths(FORMATS)
     for qt in FORMATS:
         x4 = "x4" if qt in X4_FORMATS else ""
-        # every one of FORMATS has `smmla` tiles on neon-i8mm: the prefill names the level
-        assert got[qt.name] == {"decode": "neon-dotprod-int8" + x4, "prefill": f"{paths.target().level}-int8{x4}"}, got
+        # Q5_K and Q8_0 have `smmla` tiles on neon-i8mm: their prefill names the level; the x4
+        # formats' tiles are `sdot` on every level
+        level = "neon-dotprod" if x4 else paths.target().level
+        assert got[qt.name] == {"decode": "neon-dotprod-int8" + x4, "prefill": f"{level}-int8{x4}"}, got
         assert K.has_int8_kernels(qt) and K.has_int8_prefill(qt)
     # a format without integer kernels on arm64 (all four legacy formats have `sdot` rows now)
     assert choice.kernel_paths([T.IQ3_XXS])["IQ3_XXS"] == {"decode": "float", "prefill": "dequantize+blas"}
@@ -107,7 +109,7 @@ def test_tiles_are_the_exact_product(qtype, tokens, cols):
 @pytest.mark.parametrize("qtype", FORMATS, ids=lambda t: t.name)
 def test_arm_kernels_are_sdot_code(qtype):
     """The decode row of each format multiplies with `sdot`, its tile with `sdot` or, on the i8mm
-    level where the format has one, `smmla`; both prefetch the weights."""
+    level where the format has one (Q5_K, Q8_0), `smmla`; both prefetch the weights."""
     from tests.asm import asm_of
 
     rows, cols = 256, 256  # big enough for the parallel kernels, not their serial twins
@@ -116,13 +118,15 @@ def test_arm_kernels_are_sdot_code(qtype):
     plan(np.ones(cols, np.float32), np.empty(rows, np.float32))
     plan.tokens(np.ones((3, cols), np.float32))
     i8mm = paths.target().level == "neon-i8mm"
-    if plan.x4:
-        tile = tiles.mm_k_x4_smmla if i8mm else tiles.mm_k_x4
+    if plan.x4:  # the x4 tiles are `sdot` on both levels (arm/x4.py: they beat `smmla` ones)
+        tile, tile_op = tiles.mm_k_x4, "sdot"
     elif i8mm:
-        tile = tiles.mm_q8_0_smmla if qtype == T.Q8_0 else tiles.mm_k_smmla
+        tile, tile_op = (tiles.mm_q8_0_smmla if qtype == T.Q8_0 else tiles.mm_k_smmla), "smmla"
     else:
         tile = {T.Q8_0: int8_kernels.mm_q8_0_q8, T.Q5_K: int8_kernels.mm_q5_k_q8k}.get(qtype, int8_kernels.mm_k_q8k)
-    for kernel, want in ((plan.kernel, "sdot"), (tile, "smmla" if i8mm else "sdot")):
+        tile_op = "sdot"
+    assert plan.k.tile is tile
+    for kernel, want in ((plan.kernel, "sdot"), (tile, tile_op)):
         asm = "\n".join(asm_of(kernel))
         for op in (want, "prfm"):
             assert f"\t{op}\t" in asm or f" {op} " in asm, f"{kernel.__name__}: no {op}"
@@ -158,7 +162,7 @@ def test_the_x4_decode_rows_spend_few_vector_ops_per_sdot():
 
 @on_arm
 def test_the_x4_sdot_tiles_take_8_tokens_and_spill_nothing():
-    """N1's prefill tile (arm.tiles.mm_k_x4) runs 8 tokens per unpacked weight vector (4 for a
+    """The x4 prefill tile (arm.tiles.mm_k_x4, every arm level) runs 8 tokens per unpacked weight vector (4 for a
     last, partial step) and its block loops keep everything in registers: before the run
     barrier and the per-run loads (arm.x4._run_barrier, _Runs) LLVM spilled 90-126 vectors per
     8-token block loop and 32-53 per 4-token one, a store and a load each (bench/arm64's N1
@@ -171,8 +175,7 @@ def test_the_x4_sdot_tiles_take_8_tokens_and_spill_nothing():
     rows, cols = 256, 256
     plan = K.MatvecPlan(T.Q4_K, _random_blocks(T.Q4_K, rows, cols, 5), rows, cols)
     plan.tokens(np.ones((9, cols), np.float32))
-    if plan.k.tile is not tiles.mm_k_x4:
-        pytest.skip(f"{paths.target().level}'s x4 tiles are {plan.k.tile.__name__}")
+    assert plan.k.tile is tiles.mm_k_x4
     asm = "\n".join(asm_of(tiles.mm_k_x4))
     loops = [blk for blk in re.split(r"^\.LBB\w+:", asm, flags=re.M) if blk.count("\tsdot\t") >= 256]
     sdots = sorted(blk.count("\tsdot\t") for blk in loops)

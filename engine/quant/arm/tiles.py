@@ -8,14 +8,14 @@ import numpy as np
 from numba import njit, prange
 
 from .neon import q4_k_row_pair_smmla, q5_k_row_pair_smmla, q6_k_row_pair_smmla, q8_0_row_pair_smmla
-from .x4 import (X4_SDOT_TILE, q4_k_x4_dot, q4_k_x4_smmla, q4_k_x4_tile, q4_k_x4_tile8, q6_k_x4_dot,
-                 q6_k_x4_smmla, q6_k_x4_tile, q6_k_x4_tile8, x4_tile_dst, x4_tile_tail)
+from .x4 import (X4_SDOT_TILE, q4_k_x4_dot, q4_k_x4_tile, q4_k_x4_tile8, q6_k_x4_dot, q6_k_x4_tile,
+                 q6_k_x4_tile8, x4_tile_dst, x4_tile_tail)
 from ..int8_dot import TILE, WIDE_TILE
 from ..int8_kernels import ROW_CHUNK
 from ..njit_base import MV as _MV
 from ..njit_base import f16_at as _f16_at
 
-__all__ = ["mm_k_smmla", "mm_k_x4", "mm_k_x4_smmla", "mm_q8_0_smmla", "mv_k_x4", "q4_k_mins_x4"]
+__all__ = ["mm_k_smmla", "mm_k_x4", "mm_q8_0_smmla", "mv_k_x4", "q4_k_mins_x4"]
 
 _F32 = np.float32
 
@@ -125,25 +125,6 @@ def mm_k_x4(w4, xq, xd, out, rows, q6):
                 else:
                     q4_k_x4_tile(w4[g], nb, xq, t0 * cols, cols, xd, t0 * nb, nb, dst, o, stride)
                 x4_tile_tail(out, tmp, rows, t0, g, n)
-
-
-@njit(**_MV)
-def mm_k_x4_smmla(w4, xq, xd, out, rows, q6):
-    # mm_k_x4 with `smmla` (i8mm: V1/V2 only; N1 never compiles it)
-    tp = out.shape[0] // rows
-    nb = xd.shape[0] // tp
-    cols = nb * 256
-    groups = w4.shape[0]
-    for c in prange((groups + _X4_CHUNK - 1) // _X4_CHUNK):
-        tmp = np.empty(4 * WIDE_TILE, np.float32)
-        for t0 in range(0, tp, WIDE_TILE):
-            for g in range(c * _X4_CHUNK, min(groups, (c + 1) * _X4_CHUNK)):
-                dst, o, stride = x4_tile_dst(out, tmp, rows, t0, g, WIDE_TILE)
-                if q6:
-                    q6_k_x4_smmla(w4[g], nb, xq, t0 * cols, cols, xd, t0 * nb, nb, dst, o, stride)
-                else:
-                    q4_k_x4_smmla(w4[g], nb, xq, t0 * cols, cols, xd, t0 * nb, nb, dst, o, stride)
-                x4_tile_tail(out, tmp, rows, t0, g, WIDE_TILE)
 
 
 @njit(parallel=True, cache=True)

@@ -1,7 +1,7 @@
 """arm64's x4 layout of Q4_K and Q6_K (every arm level): four weight rows interleaved so one
 `sdot` by element gives a run's sums for 4 rows in one i32 vector; `repack_x4` (made once when
 kernels.MatvecPlan is built, replacing the row-major bytes), its exact decoder, and the row and
-tile intrinsics arm/tiles.py drives. The NEON basics (`sdot`, `smmla`, lane helpers) are
+tile intrinsics arm/tiles.py drives. The NEON basics (`sdot`, `sli`/`sri`, lane helpers) are
 arm/neon.py's.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from numba.extending import intrinsic
 
 from engine.quant.int8_dot import (F32, I8, I16, I32, I64, Row, array_ptr, prefetch, token_values,
                                    vec)
-from engine.quant.arm.neon import V4, V16, c8, sdot, sli, smmla, sri, widen_quarters, zip64
+from engine.quant.arm.neon import V4, V16, c8, sdot, sli, sri, widen_quarters
 
 
 # The x4 layout (Q4_K, Q6_K on every arm level; `repack_x4`, made once when MatvecPlan is built,
@@ -393,57 +393,6 @@ def _x4_sdot_codegen(kind: str, ntok: int):
     return codegen
 
 
-def _x4_smmla_codegen(kind: str, ntok: int):
-    """The x4 tile with `smmla` (i8mm): rows (0, 1) and (2, 3) of the x4 row against token
-    pairs. Two 4-value chunks k, k + 1 of a vector pair zipped on 32-bit lanes are a 2x8 matrix
-    of rows (0, 1) (`zip1 .4s`) or (2, 3) (`zip2`); the tokens' 8 values are zipped on 64-bit
-    lanes as in the row-pair tile. Per run and row pair the scales are [s0, s0, s1, s1]."""
-    def codegen(context, builder, signature, args):
-        b = builder
-        row = Row(context, b, signature, args, _X4_TILE, ntok)
-        vf = vec(F32, 4)
-        zero = ir.Constant(V4, [0] * 4)
-        pairs = ntok // 2
-        accs = {(rp, q): cgutils.alloca_once_value(b, ir.Constant(vf, [0.0] * 4)) for rp in range(2) for q in range(pairs)}
-        zip32 = [ir.Constant(vec(I32, 16), [*range(0, 4), *range(16, 20), *range(4, 8), *range(20, 24)]),
-                 ir.Constant(vec(I32, 16), [*range(8, 12), *range(24, 28), *range(12, 16), *range(28, 32)])]
-        with cgutils.for_range(b, row.arg["nb"]) as loop:
-            i = b.sext(loop.index, I64) if loop.index.type.width < 64 else loop.index
-            blk = x4_unpack(kind, row, i)
-            xs = [_x4_token_vectors(row, i, t) for t in range(ntok)]
-            isums = {key: zero for key in accs}
-            for j, units in enumerate(blk.runs):
-                sv = blk.scale(j)
-                svs = [b.shuffle_vector(sv, sv, ir.Constant(vec(I32, 4), [2 * rp, 2 * rp, 2 * rp + 1, 2 * rp + 1]))
-                       for rp in range(2)]
-                s = {key: zero for key in accs}
-                for (w0, off, k), (w1, off1, k1) in zip(units[0::2], units[1::2]):
-                    assert off == off1 and k1 == k + 1 and k % 2 == 0, (off, off1, k, k1)
-                    mats = [b.shuffle_vector(w0, w1, zip32[rp]) for rp in range(2)]
-                    for q in range(pairs):
-                        xb = zip64(b, xs[2 * q](off), xs[2 * q + 1](off), k // 2)
-                        for rp in range(2):
-                            s[rp, q] = smmla(b, s[rp, q], mats[rp], xb)
-                for key in accs:
-                    isums[key] = b.add(isums[key], b.mul(s[key], svs[key[0]]))
-            xds = [row.load("xd", b.add(row.offset("do", "dstride", t), i), F32) for t in range(ntok)]
-            for rp in range(2):
-                d = b.shuffle_vector(blk.d4, blk.d4, ir.Constant(vec(I32, 4), [2 * rp, 2 * rp, 2 * rp + 1, 2 * rp + 1]))
-                for q in range(pairs):
-                    x4 = ir.Constant(vf, ir.Undefined)
-                    for lane in range(4):
-                        x4 = b.insert_element(x4, xds[2 * q + (lane & 1)], ir.Constant(I32, lane))
-                    b.store(_fma4(b, b.load(accs[rp, q]), isums[rp, q], b.fmul(d, x4)), accs[rp, q])
-        # lanes of accs[rp, q]: (row 2rp, token 2q), (2rp, 2q+1), (2rp+1, 2q), (2rp+1, 2q+1)
-        for q in range(pairs):
-            lo, hi = b.load(accs[0, q]), b.load(accs[1, q])
-            for u in range(2):
-                v = b.shuffle_vector(lo, hi, ir.Constant(vec(I32, 4), [u, 2 + u, 4 + u, 6 + u]))
-                _store4(row, "out", row.offset("oo", "ostride", 2 * q + u), v, kind == "q4_k")
-        return context.get_dummy_value()
-    return codegen
-
-
 def _x4_row_intrinsic(kind: str):
     def typer(typingctx, row, nb, xq, xd, xs, out, o):
         return types.void(row, nb, xq, xd, xs, out, o), _x4_sdot_codegen(kind, 1)
@@ -451,15 +400,11 @@ def _x4_row_intrinsic(kind: str):
     return intrinsic(typer)
 
 
-def _x4_tile_intrinsic(kind: str, i8mm: bool, ntok: int | None = None):
-    from engine.quant.int8_dot import WIDE_TILE
-
-    n = ntok or WIDE_TILE
-
+def _x4_tile_intrinsic(kind: str, ntok: int):
     def typer(typingctx, row, nb, xq, xo, xstride, xd, do, dstride, out, oo, ostride):
         sig = types.void(row, nb, xq, xo, xstride, xd, do, dstride, out, oo, ostride)
-        return sig, (_x4_smmla_codegen if i8mm else _x4_sdot_codegen)(kind, n)
-    typer.__name__ = f"{kind}_x4_{'smmla' if i8mm else 'tile'}{n}"
+        return sig, _x4_sdot_codegen(kind, ntok)
+    typer.__name__ = f"{kind}_x4_tile{ntok}"
     return intrinsic(typer)
 
 
@@ -467,17 +412,18 @@ def _x4_tile_intrinsic(kind: str, i8mm: bool, ntok: int | None = None):
 # xd block scales, xs int16 sums per 16): the decode rows of every arm level
 q4_k_x4_dot = _x4_row_intrinsic("q4_k")
 q6_k_x4_dot = _x4_row_intrinsic("q6_k")
-# out[oo + t * ostride + r] (Q4_K: minus what is there, the mins' product) for t < WIDE_TILE
-# tokens (values at xq[xo + t * xstride:], block scales at xd[do + t * dstride:]): `sdot` (N1) ...
-q4_k_x4_tile = _x4_tile_intrinsic("q4_k", False)
-q6_k_x4_tile = _x4_tile_intrinsic("q6_k", False)
-# ... for X4_SDOT_TILE tokens (N1's prefill: each unpacked weight vector serves twice the tokens)
+# out[oo + t * ostride + r] (Q4_K: minus what is there, the mins' product) for t < 4 or 8 tokens
+# (values at xq[xo + t * xstride:], block scales at xd[do + t * dstride:]), `sdot` by element on
+# every arm level: 8 tokens per unpacked weight vector, 4 for a last step (tokens are padded to
+# WIDE_TILE = 4). On V1/V2 this beat the `smmla` x4 tile it replaced (2 rows x 2 tokens per
+# instruction, but a zip per weight vector pair and token pair): per-block N1-code pricing of
+# prefill 512 on the image's V1 level, ours / ik_llama.cpp 1.152 -> 0.929 on V1, 1.054 -> 0.828
+# on V2 (bench/results/arm64-20261207-220234.json).
 X4_SDOT_TILE = 8
-q4_k_x4_tile8 = _x4_tile_intrinsic("q4_k", False, X4_SDOT_TILE)
-q6_k_x4_tile8 = _x4_tile_intrinsic("q6_k", False, X4_SDOT_TILE)
-# ... and `smmla` (i8mm: V1/V2)
-q4_k_x4_smmla = _x4_tile_intrinsic("q4_k", True)
-q6_k_x4_smmla = _x4_tile_intrinsic("q6_k", True)
+q4_k_x4_tile = _x4_tile_intrinsic("q4_k", 4)
+q6_k_x4_tile = _x4_tile_intrinsic("q6_k", 4)
+q4_k_x4_tile8 = _x4_tile_intrinsic("q4_k", X4_SDOT_TILE)
+q6_k_x4_tile8 = _x4_tile_intrinsic("q6_k", X4_SDOT_TILE)
 
 
 # The drivers' handling of the last, partial group of 4 rows, shared by arm64's and x86's x4 tiles
