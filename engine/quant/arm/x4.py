@@ -36,8 +36,9 @@ from engine.quant.arm.neon import V4, V16, c8, sdot, sli, sri, widen_quarters
 #   Q6_K x4 block, 840 bytes (4 x 210):
 #     scales[16 groups][4 rows] i8, 12 segments x 64 bytes (ql 0-7, qh 8-11), d[4] f16
 # Q6_K's -32 is subtracted from the unpacked quants in the tiles (-32..31 are valid int8) and
-# taken through the activations' sums in the decode row; Q4_K's mins go against the activations' sums per 32 (decode: `smlal` by
-# element into an i32 vector per 4 rows; tiles: one small float product, as every tile).
+# taken through the activations' sums in the decode row; Q4_K's mins go against the
+# activations' sums per 32 (decode: `smlal` by element into an i32 vector per 4 rows; tiles:
+# one small float product, as every tile).
 # Rows beyond the last multiple of 4 are zero rows (d = 0) whose results are dropped.
 #   Q8_0 x4 block, 136 bytes (4 x 34; x86/x4.py only, arm64 keeps its row-pair kernels):
 #     d[4] f16, 2 segments x 64 bytes (values 0-15, 16-31)
@@ -190,8 +191,8 @@ def _f16x4(row, index):
 
 
 class X4Block:
-    """x4 block i: `runs` = per scale (Q4_K: 8 runs of 32 values; Q6_K: 16 groups of 16) its
-    weight vectors as (vector, the token's 16-value activation vector offset in the block, lane),
+    """x4 block i: `runs` (a list, or a _Runs unpacking each when first used) = per scale (Q4_K:
+    8 runs of 32 values; Q6_K: 16 groups of 16) its weight vectors as (vector, the token's 16-value activation vector offset in the block, lane),
     `scale(j)` the 4 rows' scale of run j as <4 x i32>, d4 (and Q4_K's dmin4, `mins16(j)` the
     rows' min of run j as <4 x i16>) per 4 rows."""
 
@@ -295,15 +296,6 @@ def _fma4(b, acc, isum, scale4):
     return b.call(fn, [b.sitofp(isum, scale4.type), scale4, acc])
 
 
-def _store4(row, name: str, index, value, subtract: bool):
-    """<4 x float> value at array `name`[index..index+3]; `subtract`: value minus what is there."""
-    b = row.b
-    ptr = array_ptr(row.context, b, row.aty[name], row.arg[name], index, vec(F32, 4))
-    if subtract:
-        value = b.fsub(value, b.load(ptr, align=4))
-    b.store(value, ptr, align=4)
-
-
 _X4_ROW = ("row", "nb", "xq", "xd", "xs", "out", "o")
 _X4_TILE = ("row", "nb", "xq", "xo", "xstride", "xd", "do", "dstride", "out", "oo", "ostride")
 
@@ -388,7 +380,7 @@ def _x4_sdot_codegen(kind: str, ntok: int):
             res = b.load(accs[0])
             if mins:
                 res = b.fsub(res, b.load(accs[1]))
-            _store4(row, "out", row.arg["o"], res, False)
+            b.store(res, array_ptr(context, b, row.aty["out"], row.arg["out"], row.arg["o"], vf), align=4)
         return context.get_dummy_value()
     return codegen
 
